@@ -1,0 +1,45 @@
+# The two commands a new user needs: `make run` and `make test`. Both set up .venv first if needed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# Override for a CUDA build of torch, e.g. make install TORCH="torch==2.13.0 --index-url ..."
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast lint format bench broker clean
+
+# Always re-checks every step (each is quick when already done), so it is safe to run again.
+install:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) scripts/build_moolib.py
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+$(STAMP): setup.py scripts/build_moolib.py Makefile
+	$(MAKE) install
+
+run: $(STAMP)
+	$(PY) examples/a2c.py
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) bench/run.py
+
+broker: $(STAMP)
+	$(PY) -m moolib.broker
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,127 @@
+"""V-trace off-policy targets and the IMPALA loss terms (Espeholt et al. 2018, section 4).
+
+All sequence tensors are time-major: [T, B] (or [T, B, A] for logits).
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class VTraceReturns(NamedTuple):
+    vs: torch.Tensor  # [T, B] V-trace value targets
+    pg_advantages: torch.Tensor  # [T, B] importance-weighted policy-gradient advantages
+
+
+class VTraceFromLogitsReturns(NamedTuple):
+    vs: torch.Tensor
+    pg_advantages: torch.Tensor
+    log_rhos: torch.Tensor
+    behavior_action_log_probs: torch.Tensor
+    target_action_log_probs: torch.Tensor
+
+
+def action_log_probs(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """log pi(a) for logits [T, B, A] and actions [T, B]; returns [T, B]."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+def from_logits(
+    behavior_policy_logits: torch.Tensor,
+    target_policy_logits: torch.Tensor,
+    actions: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+) -> VTraceFromLogitsReturns:
+    """V-trace from the actor's (behaviour) and learner's (target) policy logits."""
+    target_action_log_probs = action_log_probs(target_policy_logits, actions)
+    behavior_action_log_probs = action_log_probs(behavior_policy_logits, actions)
+    log_rhos = target_action_log_probs - behavior_action_log_probs
+    vtrace_returns = from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+    )
+    return VTraceFromLogitsReturns(
+        vs=vtrace_returns.vs,
+        pg_advantages=vtrace_returns.pg_advantages,
+        log_rhos=log_rhos,
+        behavior_action_log_probs=behavior_action_log_probs,
+        target_action_log_probs=target_action_log_probs,
+    )
+
+
+@torch.no_grad()
+def from_importance_weights(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace targets from log importance weights log(pi(a)/mu(a)).
+
+    Targets are constants for the learner, hence no_grad. A threshold of None disables clipping.
+    """
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
+    # The paper's c-bar is fixed at 1: traces are cut as soon as the target policy is less
+    # likely than the behaviour policy, which keeps the variance of the product bounded.
+    cs = rhos.clamp(max=1.0)
+
+    # V(x_{s+1}) for every s, with the bootstrap value standing in for V(x_T).
+    values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
+
+    # vs_s - V(x_s) = delta_s + gamma_s c_s (vs_{s+1} - V(x_{s+1})), and vs_T - V(x_T) = 0.
+    # Running the recursion backwards makes it O(T) instead of the O(T^2) double sum.
+    acc = torch.zeros_like(bootstrap_value)
+    vs_minus_v_xs = []
+    for t in reversed(range(log_rhos.shape[0])):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        vs_minus_v_xs.append(acc)
+    vs = torch.stack(vs_minus_v_xs[::-1], dim=0) + values
+
+    # The policy gradient bootstraps from vs_{s+1} (a better estimate than V(x_{s+1})).
+    vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    if clip_pg_rho_threshold is None:
+        clipped_pg_rhos = rhos
+    else:
+        clipped_pg_rhos = rhos.clamp(max=clip_pg_rho_threshold)
+    pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_t_plus_1 - values)
+
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+# Loss terms. They are sums over T and B, not means: the learner weights each one by its own
+# cost coefficient (baseline_cost, entropy_cost), so the batch-size scaling is left to it.
+
+
+def policy_gradient_loss(
+    logits: torch.Tensor, actions: torch.Tensor, advantages: torch.Tensor
+) -> torch.Tensor:
+    """Sum of -log pi(a) * advantage; the advantages are treated as constants."""
+    return -(action_log_probs(logits, actions) * advantages.detach()).sum()
+
+
+def baseline_loss(advantages: torch.Tensor) -> torch.Tensor:
+    """0.5 * sum of squared advantages (e.g. vs - V(x))."""
+    return 0.5 * (advantages**2).sum()
+
+
+def entropy_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Sum of pi * log pi, i.e. the negative entropy; minimising it encourages exploration."""
+    log_policy = F.log_softmax(logits, dim=-1)
+    return (log_policy.exp() * log_policy).sum()

@@ -1,0 +1,204 @@
+"""Policy/value networks for the V-trace (IMPALA) experiment.
+
+Every network has the same interface, so the actor and the learner never need to know which
+environment they are looking at:
+
+    outputs, core_state = model(inputs, core_state)
+
+* ``inputs["state"]``: observations, time-major ``[T, B, *obs_shape]`` (acting uses ``T = 1``).
+* ``inputs["done"]``: ``[T, B]`` bool; ``done[t, b]`` marks observation ``t`` as the first of a
+  new episode, so the LSTM state of entry ``b`` is zeroed *before* step ``t``. Only read when
+  the model has an LSTM core.
+* ``outputs["policy_logits"]``: ``[T, B, num_actions]`` float32; ``outputs["baseline"]``:
+  ``[T, B]`` float32.
+* ``core_state``: ``(h, c)``, each ``[1, B, hidden]``, with an LSTM; ``()`` without one. Start
+  from ``model.initial_state(B)``.
+
+A net only defines its torso (``encode``); the heads and the optional LSTM live in the shared
+base class. ``create_model`` picks the torso from the observation space.
+"""
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# MinAtar frames are 10x10; anything this small and channels-last is treated as MinAtar.
+MINATAR_MAX_SIDE = 16
+
+
+def layer_init(layer: nn.Module, gain: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class ActorCriticBase(nn.Module):
+    """Policy and baseline heads on top of a torso, with an optional LSTM core in between."""
+
+    def __init__(self, hidden_size: int, num_actions: int, use_lstm: bool = False):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.num_actions = num_actions
+        self.use_lstm = use_lstm
+        if use_lstm:
+            self.core = nn.LSTM(hidden_size, hidden_size, num_layers=1)
+        # Gain 0.01 keeps the initial logits close to zero, i.e. a near-uniform policy, so
+        # early acting explores and the first importance weights are well behaved.
+        self.policy = layer_init(nn.Linear(hidden_size, num_actions), gain=0.01)
+        self.baseline = layer_init(nn.Linear(hidden_size, 1), gain=1.0)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Map a flat batch of raw observations [N, *obs_shape] to features [N, hidden]."""
+        raise NotImplementedError
+
+    def initial_state(self, batch_size: int) -> tuple:
+        if not self.use_lstm:
+            return ()
+        device = self.policy.weight.device
+        shape = (self.core.num_layers, batch_size, self.hidden_size)
+        return tuple(torch.zeros(shape, device=device) for _ in range(2))
+
+    def forward(self, inputs: dict, core_state: tuple = ()) -> tuple[dict, tuple]:
+        device = self.policy.weight.device
+        # Move before any dtype conversion: uint8 frames are 4x cheaper to transfer than floats.
+        obs = inputs["state"].to(device)
+        T, B = obs.shape[:2]
+
+        # Time and batch are merged so the torso sees one big batch, whatever T is.
+        features = self.encode(obs.flatten(0, 1))
+
+        if self.use_lstm:
+            done = inputs["done"].to(device=device, dtype=torch.bool)
+            core_out, core_state = self._unroll_core(features.view(T, B, -1), done, core_state)
+            features = core_out.flatten(0, 1)
+
+        logits = self.policy(features)
+        baseline = self.baseline(features)
+        outputs = {
+            "policy_logits": logits.view(T, B, self.num_actions),
+            "baseline": baseline.view(T, B),
+        }
+        return outputs, core_state
+
+    def _unroll_core(self, x: torch.Tensor, done: torch.Tensor, core_state: tuple):
+        """Run the LSTM over x [T, B, hidden], zeroing state where an episode starts."""
+        T = x.shape[0]
+        # Resets only happen at steps where some entry starts an episode. Between those steps
+        # a single nn.LSTM call handles the whole chunk (fast cuDNN path), instead of a Python
+        # loop over every step. Step 0 always opens a chunk so a done there is applied too.
+        reset_steps = torch.nonzero(done.any(dim=1)).flatten().tolist()
+        bounds = sorted({0, T, *reset_steps})
+
+        h, c = core_state
+        outputs = []
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            keep = (~done[start]).view(1, -1, 1).to(h.dtype)
+            h, c = h * keep, c * keep
+            out, (h, c) = self.core(x[start:end], (h, c))
+            outputs.append(out)
+        return torch.cat(outputs), (h, c)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv0(F.relu(x))
+        out = self.conv1(F.relu(out))
+        return x + out
+
+
+def conv_section(in_channels: int, out_channels: int) -> nn.Sequential:
+    # padding=1 on the pool reproduces TF's "SAME" pooling: each section halves H and W
+    # (rounding up), 84 -> 42 -> 21 -> 11.
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+        nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+        ResidualBlock(out_channels),
+        ResidualBlock(out_channels),
+    )
+
+
+class AtariNet(ActorCriticBase):
+    """IMPALA "deep" ResNet (Espeholt et al. 2018) for stacked frames [C, H, W] in 0..255."""
+
+    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False):
+        super().__init__(hidden_size=256, num_actions=num_actions, use_lstm=use_lstm)
+        channels = [obs_shape[0], 16, 32, 32]
+        self.sections = nn.Sequential(
+            *(conv_section(c_in, c_out) for c_in, c_out in zip(channels, channels[1:]))
+        )
+        with torch.no_grad():
+            flat_size = self.sections(torch.zeros(1, *obs_shape)).numel()
+        self.fc = nn.Linear(flat_size, self.hidden_size)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() / 255.0
+        x = F.relu(self.sections(x))
+        return F.relu(self.fc(x.flatten(1)))
+
+
+class MinAtarNet(ActorCriticBase):
+    """The MinAtar baseline network for small channels-last grids [H, W, C] of 0/1."""
+
+    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False):
+        super().__init__(hidden_size=128, num_actions=num_actions, use_lstm=use_lstm)
+        height, width, channels = obs_shape
+        # No padding, as in the MinAtar paper's baseline (Young & Tian 2019): a 10x10 grid
+        # gives 16 x 8 x 8 = 1024 features, so results stay comparable with published ones.
+        self.conv = nn.Conv2d(channels, 16, kernel_size=3, stride=1)
+        self.fc = nn.Linear(16 * (height - 2) * (width - 2), self.hidden_size)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.permute(0, 3, 1, 2).float()
+        x = F.relu(self.conv(x))
+        return F.relu(self.fc(x.flatten(1)))
+
+
+class MLPNet(ActorCriticBase):
+    """Two tanh layers of 64 for flat vector observations (CartPole, Acrobot, ...)."""
+
+    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False):
+        super().__init__(hidden_size=64, num_actions=num_actions, use_lstm=use_lstm)
+        # tanh keeps the features bounded, which suits unnormalised classic-control inputs.
+        self.mlp = nn.Sequential(
+            layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+        )
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(obs.to(torch.float32))
+
+
+def _is_minatar(shape: tuple) -> bool:
+    return len(shape) == 3 and shape[0] <= MINATAR_MAX_SIDE and shape[1] <= MINATAR_MAX_SIDE
+
+
+def _is_atari(shape: tuple) -> bool:
+    # Channels first: a few stacked frames, each larger than a MinAtar grid.
+    return len(shape) == 3 and shape[0] <= MINATAR_MAX_SIDE < min(shape[1], shape[2])
+
+
+def create_model(
+    observation_space: gym.spaces.Box, num_actions: int, use_lstm: bool = False
+) -> ActorCriticBase:
+    """Pick the torso that fits the observation space's shape."""
+    shape = tuple(observation_space.shape)
+    if len(shape) == 1:
+        return MLPNet(shape, num_actions, use_lstm)
+    if _is_minatar(shape):
+        return MinAtarNet(shape, num_actions, use_lstm)
+    if _is_atari(shape):
+        return AtariNet(shape, num_actions, use_lstm)
+    raise ValueError(
+        f"No model for observation shape {shape}: expected a 1-D vector (MLPNet), "
+        f"channels-last [H, W, C] with H, W <= {MINATAR_MAX_SIDE} (MinAtarNet), or "
+        f"channels-first stacked frames [C, H, W] with H, W > {MINATAR_MAX_SIDE} (AtariNet)."
+    )

@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""Build (or reuse) a moolib wheel that works on today's toolchain, and install it.
+
+moolib's only registry release is the 0.0.9b0 sdist, which does not build with current
+cmake, Python 3.11 and libstdc++ as shipped. This script is the one place that knows how to
+make it build: it downloads that sdist by name, applies three small fixes (each explained
+below), builds a wheel against the torch already installed in this interpreter, caches it,
+and pip-installs it.
+
+    python scripts/build_moolib.py            # build or reuse, then install
+    USE_CUDA=1 python scripts/build_moolib.py # force the CUDA build (needs nvcc + CUDA torch)
+    python scripts/build_moolib.py --rebuild  # ignore the cache
+
+The cache lives in $MOOLIB_WHEEL_CACHE (default ~/.cache/moolib-examples/wheels), one folder
+per (moolib version, Python version, torch version, CUDA on/off, fix revision).
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import time
+
+MOOLIB_VERSION = "0.0.9b0"
+# Bump whenever the fixes below change: it is part of the cache key.
+FIX_REVISION = 1
+PYBIND11_REQUIREMENT = "pybind11>=2.12,<3"
+MIN_CMAKE = (3, 12)
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def log(message):
+    print(f"[build_moolib] {message}", flush=True)
+
+
+def run(cmd, **kwargs):
+    log("$ " + " ".join(str(c) for c in cmd))
+    try:
+        subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+    except subprocess.CalledProcessError as e:
+        raise BuildError(f"command failed with exit code {e.returncode}: {cmd[0]} ...") from None
+
+
+def torch_info():
+    try:
+        import torch
+    except ImportError:
+        raise BuildError(
+            f"torch is not installed in {sys.executable}; install it first "
+            "(e.g. `pip install torch==2.13.0`, or `make install`)"
+        ) from None
+    return torch.__version__, torch.version.cuda
+
+
+def want_cuda(torch_cuda):
+    requested = os.environ.get("USE_CUDA")
+    if requested is not None and requested != "":
+        on = requested.strip().upper() not in ("0", "OFF", "FALSE", "NO")
+        if on and not torch_cuda:
+            raise BuildError("USE_CUDA is on but the installed torch is a CPU build")
+        if on and not shutil.which("nvcc"):
+            raise BuildError("USE_CUDA is on but nvcc is not on PATH (install the CUDA toolkit)")
+        return on
+    return bool(torch_cuda) and shutil.which("nvcc") is not None
+
+
+def check_prerequisites():
+    """Fail early, naming the missing tool, instead of deep inside cmake."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        raise BuildError(
+            "no C++ compiler found (need g++ >= 9 or clang++ with C++17); "
+            "on Debian/Ubuntu: apt-get install g++"
+        )
+    cmake = shutil.which("cmake")
+    if not cmake:
+        raise BuildError(
+            "cmake not found (need >= 3.12); on Debian/Ubuntu: apt-get install cmake, "
+            "or `pip install cmake` into this venv"
+        )
+    out = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"(\d+)\.(\d+)", out)
+    version = tuple(int(x) for x in match.groups()) if match else (0, 0)
+    if version < MIN_CMAKE:
+        raise BuildError(
+            f"cmake {'.'.join(map(str, version))} is too old (need >= 3.12); "
+            "on Debian/Ubuntu: apt-get install cmake, or `pip install cmake`"
+        )
+
+
+def cache_dir(torch_version, cuda):
+    root = pathlib.Path(
+        os.environ.get("MOOLIB_WHEEL_CACHE", pathlib.Path.home() / ".cache/moolib-examples/wheels")
+    )
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    key = (
+        f"moolib-{MOOLIB_VERSION}_{py}_torch-{torch_version.replace('+', '-')}_"
+        f"{'cuda' if cuda else 'cpu'}_fix{FIX_REVISION}_{sysconfig.get_platform()}"
+    )
+    return root / key
+
+
+def patch_file(path, old, new, why):
+    text = path.read_text()
+    if old not in text:
+        raise BuildError(f"cannot apply fix ({why}): expected text not found in {path.name}")
+    path.write_text(text.replace(old, new, 1))
+    log(f"patched {path.name}: {why}")
+
+
+def apply_fixes(src):
+    # Fix 1 (cmake >= 4): the bundled libuv declares cmake_minimum_required < 3.5, which cmake 4
+    # refuses. Nothing to edit: the build environment sets CMAKE_POLICY_VERSION_MINIMUM=3.5,
+    # which cmake 4 honours and older cmake ignores.
+
+    # Fix 2 (Python 3.11): the bundled pybind11 2.9 touches PyFrameObject internals that
+    # Python 3.11 made opaque. Use pybind11 >= 2.12 from this interpreter instead, and have its
+    # FindPython pick this interpreter (otherwise it may find another Python on the machine).
+    patch_file(
+        src / "CMakeLists.txt",
+        "add_subdirectory(third_party/pybind11)",
+        "set(PYBIND11_FINDPYTHON ON)\n"
+        'set(Python_EXECUTABLE "$ENV{MOOLIB_BUILD_PYTHON}")\n'
+        'find_package(pybind11 2.12 CONFIG REQUIRED HINTS "$ENV{MOOLIB_PYBIND11_DIR}")',
+        "use pybind11 >= 2.12 from the build interpreter",
+    )
+
+    # Fix 3 (libstdc++ 11+): std::conditional_t evaluates both branches, so
+    # RpcDeferredReturn<void> still forms `void(const void&)`, which is ill-formed.
+    # A trait specialised for void only ever names the valid signature.
+    patch_file(
+        src / "src/rpc.h",
+        "template<typename T>\nstruct RpcDeferredReturn {\n"
+        "  rpc::Function<std::conditional_t<std::is_same_v<void, T>, void(), void(const T&)>> f;",
+        "template<typename T>\nstruct RpcDeferredSignature {\n  using type = void(const T&);\n};\n"
+        "template<>\nstruct RpcDeferredSignature<void> {\n  using type = void();\n};\n\n"
+        "template<typename T>\nstruct RpcDeferredReturn {\n"
+        "  rpc::Function<typename RpcDeferredSignature<T>::type> f;",
+        "void-safe signature for RpcDeferredReturn",
+    )
+
+
+def build_wheel(workdir, cuda):
+    # Build requirements first: the sdist's metadata step below runs without build isolation.
+    run([sys.executable, "-m", "pip", "install", "-q", PYBIND11_REQUIREMENT, "setuptools", "wheel"])
+    sdist_dir = workdir / "sdist"
+    run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         "--no-build-isolation", f"moolib=={MOOLIB_VERSION}", "-d", sdist_dir]
+    )  # fmt: skip
+    archives = list(sdist_dir.glob("moolib-*.tar.gz"))
+    if not archives:
+        raise BuildError(f"pip did not download the moolib {MOOLIB_VERSION} sdist")
+    with tarfile.open(archives[0]) as tar:
+        # The "data" filter refuses absolute paths and links out of the tree (Python >= 3.10.12).
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(workdir, **kwargs)
+    src = workdir / f"moolib-{MOOLIB_VERSION}"
+    apply_fixes(src)
+
+    pybind11_dir = subprocess.run(
+        [sys.executable, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+    env = dict(os.environ)
+    env.update(
+        USE_CUDA="1" if cuda else "0",
+        CMAKE_POLICY_VERSION_MINIMUM="3.5",
+        # moolib's setup.py runs `cmake --build --parallel` with no job count, which make treats
+        # as unlimited jobs; bound it by the cores we have.
+        CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count())),
+        MOOLIB_BUILD_PYTHON=sys.executable,
+        MOOLIB_PYBIND11_DIR=pybind11_dir,
+        # moolib's CMakeLists finds torch by running `python`: make that this interpreter.
+        PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    )
+    wheel_dir = workdir / "wheel"
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheel_dir, src],
+        env=env,
+    )
+    wheels = list(wheel_dir.glob("moolib-*.whl"))
+    if not wheels:
+        raise BuildError("the build finished but produced no wheel")
+    return wheels[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rebuild", action="store_true", help="ignore a cached wheel")
+    args = parser.parse_args()
+
+    torch_version, torch_cuda = torch_info()
+    cuda = want_cuda(torch_cuda)
+    target = cache_dir(torch_version, cuda)
+    cached = sorted(target.glob("moolib-*.whl")) if target.is_dir() else []
+    if cached and not args.rebuild:
+        log(f"using cached wheel {cached[0]}")
+        wheel = cached[0]
+    else:
+        check_prerequisites()
+        log(f"building moolib {MOOLIB_VERSION} (torch {torch_version}, CUDA {'on' if cuda else 'off'}); "
+            "this takes about 5 minutes on 2 cores")  # fmt: skip
+        start = time.time()
+        with tempfile.TemporaryDirectory(prefix="moolib-build-") as tmp:
+            built = build_wheel(pathlib.Path(tmp), cuda)
+            target.mkdir(parents=True, exist_ok=True)
+            # Copy then rename so that an interrupted build never leaves a half-written wheel
+            # in the cache.
+            partial = target / (built.name + ".partial")
+            shutil.copyfile(built, partial)
+            wheel = target / built.name
+            partial.rename(wheel)
+        log(f"built {wheel.name} in {time.time() - start:.0f} s, cached in {target}")
+
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel])
+    check = subprocess.run(
+        [sys.executable, "-c", "import moolib; moolib.Rpc()"], capture_output=True, text=True
+    )
+    if check.returncode != 0:
+        raise BuildError(f"moolib was installed but does not import:\n{check.stderr.strip()}")
+    log(f"moolib {MOOLIB_VERSION} installed into {sys.prefix}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BuildError as e:
+        print(f"build_moolib: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("build_moolib: interrupted", file=sys.stderr)
+        sys.exit(130)
