@@ -25,7 +25,7 @@ setuptools.setup(
         "hydra-core>=1.3",
         "omegaconf>=2.3",
         "wandb>=0.16",
-        "plotext>=5.2",
+        "plotext>=6",
         "matplotlib>=3.7",
         "imageio>=2.31",
         "imageio-ffmpeg>=0.4",

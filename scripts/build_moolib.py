@@ -177,7 +177,9 @@ def build_wheel(workdir, cuda):
         CMAKE_POLICY_VERSION_MINIMUM="3.5",
         # moolib's setup.py runs `cmake --build --parallel` with no job count, which make treats
         # as unlimited jobs; bound it by the cores we have.
-        CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count())),
+        CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get(
+            "CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count())
+        ),
         MOOLIB_BUILD_PYTHON=sys.executable,
         MOOLIB_PYBIND11_DIR=pybind11_dir,
         # moolib's CMakeLists finds torch by running `python`: make that this interpreter.
@@ -185,7 +187,17 @@ def build_wheel(workdir, cuda):
     )
     wheel_dir = workdir / "wheel"
     run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheel_dir, src],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            wheel_dir,
+            src,
+        ],
         env=env,
     )
     wheels = list(wheel_dir.glob("moolib-*.whl"))

@@ -55,7 +55,8 @@ class Child:
 
     def _read(self):
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+            line = line.rstrip("\n")
+            self.lines.append(line)
             self._queue.put(line)
         self._queue.put(None)
 

@@ -89,7 +89,11 @@ def make_env(
             full_action_space=True,
         )
         env = gym.wrappers.AtariPreprocessing(
-            env, noop_max=noop_max, frame_skip=num_action_repeats, screen_size=84, grayscale_obs=True
+            env,
+            noop_max=noop_max,
+            frame_skip=num_action_repeats,
+            screen_size=84,
+            grayscale_obs=True,
         )
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
     else:

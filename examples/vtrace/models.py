@@ -18,6 +18,8 @@ A net only defines its torso (``encode``); the heads and the optional LSTM live 
 base class. ``create_model`` picks the torso from the observation space.
 """
 
+from itertools import pairwise
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -93,7 +95,7 @@ class ActorCriticBase(nn.Module):
 
         h, c = core_state
         outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in pairwise(bounds):
             keep = (~done[start]).view(1, -1, 1).to(h.dtype)
             h, c = h * keep, c * keep
             out, (h, c) = self.core(x[start:end], (h, c))
@@ -131,7 +133,7 @@ class AtariNet(ActorCriticBase):
         super().__init__(hidden_size=256, num_actions=num_actions, use_lstm=use_lstm)
         channels = [obs_shape[0], 16, 32, 32]
         self.sections = nn.Sequential(
-            *(conv_section(c_in, c_out) for c_in, c_out in zip(channels, channels[1:]))
+            *(conv_section(c_in, c_out) for c_in, c_out in pairwise(channels))
         )
         with torch.no_grad():
             flat_size = self.sections(torch.zeros(1, *obs_shape)).numel()
