@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from examples.common.address import parse_address, with_free_port
-from examples.common.envs import EnvFactory
+from examples.common.envs import EnvFactory, check_env_name
 from examples.common.tsvlog import TsvLog
 
 
@@ -40,6 +40,10 @@ def positive_float(text):
     return value
 
 
+def mean(values):
+    return sum(values) / len(values) if values else math.nan
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="A2C with moolib's EnvPool, Broker and Accumulator.")
     p.add_argument("--env", default="CartPole-v1", help="gymnasium env id with discrete actions")
@@ -47,8 +51,12 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=positive_int, default=8, help="envs stepped at once")
     p.add_argument("--unroll-length", type=positive_int, default=5, help="steps per rollout")
     p.add_argument("--num-processes", type=positive_int, default=2, help="EnvPool processes")
-    p.add_argument("--virtual-batch-size", type=positive_int, default=None,
-                   help="samples per optimizer step, over all peers (default: one rollout)")  # fmt: skip
+    p.add_argument(
+        "--virtual-batch-size",
+        type=positive_int,
+        default=None,
+        help="least samples per optimizer step, over all peers (default: one rollout)",
+    )
     p.add_argument("--lr", type=positive_float, default=2e-3)
     p.add_argument("--discounting", type=float, default=0.99)
     p.add_argument("--baseline-cost", type=float, default=0.5)
@@ -58,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--no-lstm", action="store_true", help="feed-forward core instead of an LSTM")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logfile", default="logs.tsv")
-    p.add_argument("--log-interval", type=positive_float, default=5.0, help="seconds between progress lines")  # fmt: skip
+    p.add_argument("--log-interval", type=positive_float, default=5.0, help="progress every N s")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--address", default="127.0.0.1:0",
                        help="where this run's own broker listens (port 0: any free port). "
@@ -66,6 +74,7 @@ def parse_args(argv=None):
     group.add_argument("--connect", default=None, help="HOST:PORT of a running broker to join")
     args = p.parse_args(argv)
     try:
+        check_env_name(args.env)
         if args.connect:
             parse_address(args.connect)
         else:
@@ -201,7 +210,8 @@ def main(argv=None):
         print(f"Broker listening at {args.address}; join with --connect {args.address}")
     group = moolib.Group(rpc, f"a2c-{args.env}")
     accumulator = moolib.Accumulator("model", model.parameters(), model.buffers(), group=group)
-    accumulator.set_virtual_batch_size(args.virtual_batch_size or args.batch_size * args.unroll_length)  # fmt: skip
+    rollout_size = args.batch_size * args.unroll_length
+    accumulator.set_virtual_batch_size(args.virtual_batch_size or rollout_size)
     rpc.connect(broker_address)
 
     log = TsvLog(args.logfile)
@@ -239,7 +249,9 @@ def main(argv=None):
             # A newcomer gets the whole learner state from the group's leader: weights as well
             # as optimizer, so that it cannot start one step out of line with the others.
             if accumulator.wants_state():
-                accumulator.set_state({"model": model.state_dict(), "optimizer": optimizer.state_dict()})  # fmt: skip
+                accumulator.set_state(
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                )
             if accumulator.has_new_state():
                 state = accumulator.state()
                 model.load_state_dict(state["model"])
@@ -286,7 +298,7 @@ def main(argv=None):
                 )  # fmt: skip
                 model.zero_grad(set_to_none=False)
                 loss.backward()
-                accumulator.reduce_gradients(args.batch_size * args.unroll_length)
+                accumulator.reduce_gradients(rollout_size)
 
             if accumulator.has_gradients():
                 grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
@@ -296,11 +308,12 @@ def main(argv=None):
                 log.write({
                     "step": steps,
                     "model_version": accumulator.model_version(),
-                    "mean_episode_return": sum(new_returns) / len(new_returns) if new_returns else math.nan,  # fmt: skip
+                    "mean_episode_return": mean(new_returns),
                     "episodes": len(new_returns),
                     **losses,
                     "grad_norm": grad_norm.item(),
                     "virtual_batch_size": accumulator.get_gradient_stats()["batch_size"],
+                    "peers": len(group.members()),
                     "time": now - start,
                     "SPS": steps / max(now - start, 1e-9),
                 })  # fmt: skip
@@ -308,12 +321,10 @@ def main(argv=None):
 
             now = time.monotonic()
             if now - last_print >= args.log_interval:
-                recent = (
-                    sum(finished_returns) / len(finished_returns) if finished_returns else math.nan
-                )
+                recent = mean(finished_returns)
                 sps = (steps - steps_at_last_print) / (now - last_print)
                 print(
-                    f"step {steps:>8d} | SPS {sps:6.0f} | return (last 100 episodes) {recent:6.1f} | "
+                    f"step {steps:>8d} | SPS {sps:6.0f} | return (last 100) {recent:6.1f} | "
                     f"updates {accumulator.model_version()} | peers {len(group.members())}",
                     flush=True,
                 )
@@ -325,7 +336,7 @@ def main(argv=None):
         log.close()
 
     elapsed = time.monotonic() - start
-    recent = sum(finished_returns) / len(finished_returns) if finished_returns else math.nan
+    recent = mean(finished_returns)
     reason = f"stopped by {stop[0]}" if stop else "done"
     print(
         f"{reason}: {steps} steps in {elapsed:.0f} s ({steps / max(elapsed, 1e-9):.0f} SPS), "

@@ -220,8 +220,9 @@ def main():
         wheel = cached[0]
     else:
         check_prerequisites()
-        log(f"building moolib {MOOLIB_VERSION} (torch {torch_version}, CUDA {'on' if cuda else 'off'}); "
-            "this takes about 5 minutes on 2 cores")  # fmt: skip
+        cuda_text = "on" if cuda else "off"
+        log(f"building moolib {MOOLIB_VERSION} (torch {torch_version}, CUDA {cuda_text}); "
+            "this takes 3 to 5 minutes on 2 cores")  # fmt: skip
         start = time.time()
         with tempfile.TemporaryDirectory(prefix="moolib-build-") as tmp:
             built = build_wheel(pathlib.Path(tmp), cuda)

@@ -111,7 +111,7 @@ class Child:
 
 @pytest.fixture
 def children():
-    """Start child processes with spawn(args, name); all are stopped at teardown, even on failure."""
+    """spawn(args, name) starts a child process; all are stopped at teardown, even on failure."""
     started = []
 
     def spawn(args, name="child", **kwargs):

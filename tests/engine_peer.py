@@ -1,9 +1,9 @@
 """A minimal moolib peer for the engine sanity test (run as a subprocess by test_moolib.py).
 
 It fits a small linear model on fixed data through Group + Accumulator, joining the group
-``--rounds`` times in a row (a fresh Rpc, Group and Accumulator each time, with freshly drawn initial
-weights), and saves the weights it had after every model version. A correct state hand-over makes
-every peer hold identical weights at every model version after it joined.
+``--rounds`` times in a row (a fresh Rpc, Group and Accumulator each time, with new random
+initial weights), and saves the weights it had after every model version. A correct state
+hand-over makes every peer hold identical weights at every model version after it joined.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""The moolib build works: import, broker, EnvPool with our gymnasium adapter, Group + Accumulator."""
+"""The moolib build works: import, broker, EnvPool with our env adapter, Group + Accumulator."""
 
 import subprocess
 import sys

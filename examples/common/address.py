@@ -1,4 +1,4 @@
-"""Checking HOST:PORT strings before they reach moolib, whose parser aborts the process on bad ones."""
+"""Checks HOST:PORT strings before moolib sees them: its parser aborts the process on bad ones."""
 
 import socket
 
