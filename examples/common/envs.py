@@ -6,7 +6,10 @@ contiguous numpy array or a dict of them. Gymnasium speaks the new one. ``OldGym
 ``EnvFactory`` builds a seeded, preprocessed env by name and is what gets handed to EnvPool.
 """
 
+import atexit
+import gc
 import multiprocessing
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -15,10 +18,23 @@ ATARI_PREFIX = "ALE/"
 MINATAR_PREFIX = "MinAtar/"
 
 
+# EnvPool's workers end with the envs still referenced from C++; without closing them first,
+# ale-py's bindings report every emulator as a leak when the interpreter shuts down.
+_open_envs = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_envs():
+    for env in list(_open_envs):
+        env.close()
+    gc.collect()
+
+
 class OldGymApi:
     """Presents a gymnasium env with the reset/step signatures moolib's EnvPool calls."""
 
     def __init__(self, env, seed=None):
+        _open_envs.add(self)
         self.env = env
         self.seed = seed
         self.action_space = env.action_space
@@ -36,7 +52,9 @@ class OldGymApi:
         return _contiguous(obs), float(reward), bool(terminated or truncated), info
 
     def close(self):
-        self.env.close()
+        if self.env is not None:
+            self.env.close()
+            self.env = None
 
 
 def _contiguous(obs):

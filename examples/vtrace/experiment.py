@@ -301,7 +301,8 @@ def run(flags):
     max_queued = flags.max_queued_batches * flags.batch_size
     local = Stats()  # since the last log row: this peer's numbers
     unreduced = Stats()  # not yet all-reduced into learner.global_stats
-    losses, grad_norm, virtual_batch = {}, math.nan, 0
+    losses = dict.fromkeys(["pg_loss", "baseline_loss", "entropy_loss"], math.nan)
+    grad_norm, virtual_batch = math.nan, 0
     start = last_log = last_checkpoint = last_history = last_act = time.monotonic()
     stats_future, sent_stats, last_stats = None, Stats(), start
     last_wait_note = start - 7  # first note after 3 s: connecting takes a moment
@@ -402,8 +403,10 @@ def run(flags):
             sent_stats, unreduced = unreduced, Stats()
             stats_future = group.all_reduce("stats", sent_stats.to_dict(), add_dicts)
 
-        if now - last_log >= flags.log_interval:
-            elapsed = now - last_log
+        if learner.env_train_steps >= flags.total_steps:
+            stop.append(f"total_steps={flags.total_steps} reached")
+        if now - last_log >= flags.log_interval or stop:
+            elapsed = max(now - last_log, 1e-6)
             row = {
                 "step": learner.env_train_steps,
                 "env_train_steps": learner.env_train_steps,
@@ -441,9 +444,6 @@ def run(flags):
             last_checkpoint = now
             if history:
                 last_history = now
-
-        if learner.env_train_steps >= flags.total_steps:
-            stop.append(f"total_steps={flags.total_steps} reached")
 
     if accumulator.is_leader() or not accumulator.connected():
         save_checkpoint(flags, learner, accumulator.model_version())
