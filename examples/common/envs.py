@@ -94,8 +94,13 @@ def make_env(
     repeat_action_probability=0.25,
     num_action_repeats=4,
     noop_max=30,
+    render_mode=None,
 ):
-    """Create a gymnasium env by name with the standard preprocessing for its family."""
+    """Create a gymnasium env by name with the standard preprocessing for its family.
+
+    render_mode="rgb_array" makes ``env.render()`` return the env's own RGB picture (for Atari the
+    emulator's screen, not the preprocessed 84x84 observation), e.g. for recording videos.
+    """
     register_all()
     if name.startswith(ATARI_PREFIX):
         # Frame skipping is left to AtariPreprocessing so that random no-ops come first and the
@@ -105,6 +110,7 @@ def make_env(
             frameskip=1,
             repeat_action_probability=repeat_action_probability,
             full_action_space=True,
+            render_mode=render_mode,
         )
         env = gym.wrappers.AtariPreprocessing(
             env,
@@ -115,7 +121,7 @@ def make_env(
         )
         env = gym.wrappers.FrameStackObservation(env, stack_size=4)
     else:
-        env = gym.make(name)
+        env = gym.make(name, render_mode=render_mode)
     if seed is not None:
         env.action_space.seed(seed)
     return env

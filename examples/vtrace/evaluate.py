@@ -1,0 +1,368 @@
+"""Evaluate a V-trace checkpoint: play episodes with the trained policy and report the returns.
+
+    python -m examples.vtrace.evaluate savedir=/tmp/moolib-vtrace/savedir
+    python -m examples.vtrace.evaluate savedir=... episodes=20 greedy=false seed=1
+    python -m examples.vtrace.evaluate savedir=... checkpoint=checkpoint_v1200.tar video=/tmp/vids
+
+No broker and no EnvPool: one plain gymnasium env in this process, one episode after another.
+The env and the model are rebuilt from the flags stored in the checkpoint (env.name, env.*,
+use_lstm), so they are the ones the weights were trained with; from the command line only
+device, seed, torch_threads and the keys of evaluate.yaml are used.
+
+Each episode is printed as it ends and appended to eval.tsv next to the checkpoint; with
+video=DIR it is also recorded to DIR/episode_<i>.mp4.
+"""
+
+import math
+import os
+import pathlib
+import statistics
+import sys
+
+import gymnasium as gym
+import hydra
+import imageio
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from examples.common import checkpoint
+from examples.common.checkpoint import CheckpointError
+from examples.common.envs import ATARI_PREFIX, check_env_name, make_env
+from examples.common.tsvlog import TsvLog
+from examples.vtrace.experiment import ConfigError, resolve_device
+from examples.vtrace.models import create_model
+
+# Tiny frames (MinAtar's 10x10 grids) are scaled up to at least this many pixels a side.
+MIN_VIDEO_SIDE = 160
+
+
+def is_positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_flags(flags):
+    """Reject bad evaluation settings before anything is loaded."""
+    if not is_positive_int(flags.episodes):
+        raise ConfigError(f"episodes must be a positive integer, got {flags.episodes!r}")
+    if flags.max_episode_steps is not None and not is_positive_int(flags.max_episode_steps):
+        raise ConfigError(
+            f"max_episode_steps must be a positive integer or null, got {flags.max_episode_steps!r}"
+        )
+    if not isinstance(flags.greedy, bool):
+        raise ConfigError(f"greedy must be true or false, got {flags.greedy!r}")
+    if not isinstance(flags.seed, int) or isinstance(flags.seed, bool):
+        raise ConfigError(f"seed must be an integer, got {flags.seed!r}")
+    if not flags.checkpoint:
+        raise ConfigError("checkpoint must name a checkpoint file, e.g. checkpoint.tar")
+
+
+def find_checkpoint(flags):
+    """The checkpoint file: a bare file name is looked up in savedir, anything else is a path."""
+    given = pathlib.Path(str(flags.checkpoint))
+    if given.is_absolute() or len(given.parts) > 1:
+        path = given
+    else:
+        savedir = pathlib.Path(flags.savedir)
+        if not savedir.is_dir():
+            raise ConfigError(f"savedir={savedir} does not exist (or is not a folder)")
+        path = savedir / given
+    if not path.is_file():
+        # Listing what is there saves a round trip when only the version number is wrong.
+        found = sorted(p.name for p in path.parent.glob("checkpoint*.tar"))
+        hint = f"; found: {', '.join(found)}" if found else ""
+        raise ConfigError(f"no checkpoint at {path}{hint}")
+    return path
+
+
+def trained_settings(data, path, flags):
+    """The env and model settings the checkpoint was trained with, from its stored flags.
+
+    Keys the stored flags lack (a checkpoint from an older version) fall back to the config's.
+    """
+    saved = data.get("flags")
+    saved_env = saved.get("env") if isinstance(saved, dict) else None
+    if not isinstance(saved_env, dict) or not saved_env.get("name"):
+        raise CheckpointError(f"{path} stores no flags naming its env; cannot rebuild its env")
+    env = {**OmegaConf.to_container(flags.env, resolve=True), **saved_env}
+    return {"env": env, "use_lstm": bool(saved.get("use_lstm", flags.use_lstm))}
+
+
+def note_ignored_overrides(settings):
+    """Say so when the command line asks for env or model settings other than the checkpoint's."""
+    for override in HydraConfig.get().overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key != "use_lstm" and not key.startswith("env."):
+            continue
+        used = OmegaConf.select(OmegaConf.create(settings), key)
+        if str(used).lower() != value.lower():
+            print(
+                f"note: {override} ignored; the checkpoint's {key}={used} is used", file=sys.stderr
+            )
+
+
+def build_env(env_settings, seed, render_mode):
+    try:
+        check_env_name(env_settings["name"])
+    except ValueError as e:
+        raise ConfigError(f"the checkpoint's env.name: {e}") from None
+    return make_env(
+        env_settings["name"],
+        seed=seed,
+        repeat_action_probability=env_settings["repeat_action_probability"],
+        num_action_repeats=env_settings["num_action_repeats"],
+        noop_max=env_settings["noop_max"],
+        render_mode=render_mode,
+    )
+
+
+def shape_of(value):
+    return list(value.shape) if hasattr(value, "shape") else type(value).__name__
+
+
+def state_dict_mismatch(model, state):
+    """Why `state` cannot be loaded into `model`, in a few words; None when it fits."""
+    if not isinstance(state, dict):
+        return f"its model entry is a {type(state).__name__}, not a state_dict"
+    expected = model.state_dict()
+    missing = [key for key in expected if key not in state]
+    unexpected = [key for key in state if key not in expected]
+    reshaped = [
+        f"{key} is {shape_of(state[key])} in the file, {shape_of(expected[key])} here"
+        for key in expected
+        if key in state and shape_of(state[key]) != shape_of(expected[key])
+    ]
+    problems = []
+    for label, items in [("missing ", missing), ("unexpected ", unexpected), ("", reshaped)]:
+        if items:
+            more = f" and {len(items) - 1} more" if len(items) > 1 else ""
+            problems.append(f"{label}{items[0]}{more}")
+    return "; ".join(problems) or None
+
+
+def load_model(data, path, env, settings, device):
+    model = create_model(env.observation_space, env.action_space.n, use_lstm=settings["use_lstm"])
+    describe = f"the model for {settings['env']['name']} (use_lstm={settings['use_lstm']})"
+    reason = state_dict_mismatch(model, data["model"])
+    if reason is None:
+        try:
+            model.load_state_dict(data["model"])
+        except (RuntimeError, TypeError, ValueError, AttributeError) as e:
+            reason = str(e).strip().splitlines()[0]
+    if reason is not None:
+        raise CheckpointError(f"{path} does not fit {describe}: {reason}")
+    return model.to(device).eval()
+
+
+def check_writable(folder, name):
+    """Create `folder` if needed and make sure a file can be written there; `name` is for errors."""
+    folder = pathlib.Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{name} is not writable ({e.strerror or e})") from None
+
+
+def video_frame(frame):
+    """An RGB uint8 frame with even sides, as H.264 needs; tiny grids are scaled up."""
+    frame = np.asarray(frame)
+    if frame.dtype != np.uint8:  # MinAtar renders floats in [0, 1]
+        frame = (np.clip(frame, 0.0, 1.0) * 255).astype(np.uint8)
+    scale = math.ceil(MIN_VIDEO_SIDE / min(frame.shape[:2]))
+    if scale > 1:
+        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
+    return np.pad(frame, [(0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)])
+
+
+def open_video(path, fps):
+    if path.suffix == ".mp4":
+        # Frames already have even sides; macro_block_size=1 stops imageio from resizing them.
+        return imageio.v2.get_writer(path, fps=fps, macro_block_size=1)
+    return imageio.v2.get_writer(path, mode="I", duration=1000 / fps, loop=0)
+
+
+def video_suffix(folder):
+    """The file suffix to record with: ".mp4" if a tiny MP4 can be written here, else ".gif"."""
+    probe = pathlib.Path(folder) / f".mp4-test-{os.getpid()}.mp4"
+    try:
+        with open_video(probe, fps=10) as writer:
+            for _ in range(2):
+                writer.append_data(np.zeros((16, 16, 3), np.uint8))
+        return ".mp4"
+    except Exception as e:  # no ffmpeg, a codec missing, ...: any of them means no MP4
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"note: cannot write MP4 ({reason}); recording GIFs instead", file=sys.stderr)
+        return ".gif"
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def video_fps(env, env_settings):
+    fps = env.metadata.get("render_fps") or 15
+    if env_settings["name"].startswith(ATARI_PREFIX):
+        # One frame per agent step, and each step spans num_action_repeats emulator frames.
+        fps /= env_settings["num_action_repeats"]
+    return fps
+
+
+class Recorder:
+    """One video file per episode in a folder: MP4, or GIF where MP4 cannot be written."""
+
+    def __init__(self, folder, fps):
+        self.folder = pathlib.Path(folder)
+        self.fps = fps
+        self.suffix = video_suffix(self.folder)
+
+    def open(self, episode):
+        return open_video(self.folder / f"episode_{episode}{self.suffix}", self.fps)
+
+
+def check_render(env, name):
+    """Fail before the first episode when the env cannot draw frames (e.g. pygame missing)."""
+    try:
+        env.reset()
+        env.render()
+    except gym.error.Error as e:
+        raise ConfigError(f"video: {name} cannot render frames: {e}") from None
+
+
+@torch.no_grad()
+def choose_action(model, obs, first, core_state, greedy):
+    """One T=1, B=1 step of the model; `first` marks the first observation of an episode."""
+    inputs = {
+        "state": torch.as_tensor(np.asarray(obs))[None, None],
+        "done": torch.tensor([[first]]),
+    }
+    outputs, core_state = model(inputs, core_state)
+    logits = outputs["policy_logits"][0, 0]
+    if greedy:
+        action = logits.argmax()
+    else:
+        action = torch.multinomial(torch.softmax(logits, dim=-1), 1)[0]
+    return int(action), core_state
+
+
+def play_episode(env, model, flags, seed, writer=None):
+    """Play one episode; returns (return, length). Frames go to `writer` when there is one."""
+    obs, _ = env.reset(seed=seed)
+    core_state = model.initial_state(1)
+    episode_return, length, first = 0.0, 0, True
+    while True:
+        if writer is not None:
+            writer.append_data(video_frame(env.render()))
+        action, core_state = choose_action(model, obs, first, core_state, flags.greedy)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        episode_return += float(reward)
+        length += 1
+        first = False
+        capped = flags.max_episode_steps is not None and length >= flags.max_episode_steps
+        if terminated or truncated or capped:
+            if writer is not None:
+                writer.append_data(video_frame(env.render()))  # the final state too
+            return episode_return, length
+
+
+def play_episodes(env, model, flags, tsv, tags, recorder=None):
+    """Play flags.episodes episodes, printing each and logging it to tsv with the given tags.
+
+    Returns the lists of episode returns and lengths.
+    """
+    returns, lengths = [], []
+    print(f"{'episode':>7}  {'return':>10}  {'length':>7}", flush=True)
+    for i in range(1, flags.episodes + 1):
+        # Only the first reset is seeded: later episodes continue the same random stream, so
+        # one seed gives a reproducible sequence of different episodes.
+        seed = flags.seed if i == 1 else None
+        if recorder is None:
+            episode_return, length = play_episode(env, model, flags, seed)
+        else:
+            with recorder.open(i) as writer:
+                episode_return, length = play_episode(env, model, flags, seed, writer)
+        print(f"{i:>7}  {episode_return:>10.2f}  {length:>7}", flush=True)
+        tsv.write({**tags, "episode": i, "return": episode_return, "length": length})
+        returns.append(episode_return)
+        lengths.append(length)
+    return returns, lengths
+
+
+def count(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def summary(values):
+    return f"{statistics.fmean(values):.2f} ± {statistics.pstdev(values):.2f}"
+
+
+def run(flags):
+    check_flags(flags)
+    device = resolve_device(flags.device)
+    path = find_checkpoint(flags)
+    data = checkpoint.load(path)
+    settings = trained_settings(data, path, flags)
+    note_ignored_overrides(settings)
+    env_name = settings["env"]["name"]
+    check_writable(path.parent, f"{path.parent} (where eval.tsv goes)")
+    if flags.video:
+        check_writable(flags.video, f"video={flags.video}")
+        # Frames are drawn off-screen; without this, pygame (classic control) looks for a display.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    if flags.torch_threads > 0:
+        torch.set_num_threads(flags.torch_threads)
+    torch.manual_seed(flags.seed)  # for sampled actions (greedy=false)
+
+    try:
+        env = build_env(settings["env"], flags.seed, "rgb_array" if flags.video else None)
+    except gym.error.Error as e:
+        raise ConfigError(f"cannot create {env_name}: {e}") from None
+    tsv = TsvLog(path.parent / "eval.tsv")
+    try:
+        model = load_model(data, path, env, settings, device)
+        recorder = None
+        if flags.video:
+            check_render(env, env_name)
+            recorder = Recorder(flags.video, video_fps(env, settings["env"]))
+        actions = "greedy" if flags.greedy else "sampled"
+        print(
+            f"Evaluating {path}: {env_name}, model version {data['model_version']}, "
+            f"{data.get('env_train_steps', '?')} env steps trained\n"
+            f"{count(flags.episodes, 'episode')}, {actions} actions, seed {flags.seed}, "
+            f"on {device}\n",
+            flush=True,
+        )
+        # These columns tell apart the rows of evaluations of different checkpoints or modes.
+        tags = {"checkpoint": path.name, "model_version": data["model_version"],
+                "greedy": flags.greedy}  # fmt: skip
+        returns, lengths = play_episodes(env, model, flags, tsv, tags, recorder)
+    finally:
+        tsv.close()
+        env.close()
+
+    episodes = count(flags.episodes, "episode")
+    print(f"\nmean ± std over {episodes}: return {summary(returns)}, length {summary(lengths)}")
+    print(f"Rows appended to {tsv.path}")
+    if recorder is not None:
+        print(f"Videos: {recorder.folder}/episode_<1..{flags.episodes}>{recorder.suffix}")
+    return 0
+
+
+@hydra.main(version_base=None, config_path=".", config_name="evaluate")
+def main(flags: DictConfig):
+    try:
+        return run(flags)
+    except (ConfigError, CheckpointError) as e:
+        print(f"evaluate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except FileNotFoundError as e:  # the checkpoint vanished between the check and the load
+        print(f"evaluate: error: no checkpoint at {e.filename}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("evaluate: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
