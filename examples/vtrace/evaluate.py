@@ -36,6 +36,8 @@ from examples.vtrace.models import create_model
 
 # Tiny frames (MinAtar's 10x10 grids) are scaled up to at least this many pixels a side.
 MIN_VIDEO_SIDE = 160
+ATARI_HZ = 60  # the NTSC console's frame rate
+DEFAULT_FPS = 15  # for envs that declare no render_fps (MinAtar)
 
 
 def is_positive_int(value):
@@ -202,11 +204,12 @@ def video_suffix(folder):
 
 
 def video_fps(env, env_settings):
-    fps = env.metadata.get("render_fps") or 15
+    """Frames per second that play the recording back at the env's own speed."""
     if env_settings["name"].startswith(ATARI_PREFIX):
-        # One frame per agent step, and each step spans num_action_repeats emulator frames.
-        fps /= env_settings["num_action_repeats"]
-    return fps
+        # One frame per agent step, which spans num_action_repeats frames of the 60 Hz console
+        # (ale-py's metadata says 30 whatever the frame skip).
+        return ATARI_HZ / env_settings["num_action_repeats"]
+    return env.metadata.get("render_fps") or DEFAULT_FPS
 
 
 class Recorder:
