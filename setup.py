@@ -30,6 +30,7 @@ setuptools.setup(
         "matplotlib>=3.7",
         "imageio>=2.31",
         "imageio-ffmpeg>=0.4",
+        "pygame>=2.1",  # gymnasium renders classic-control envs (evaluate video=) with it
         "psutil>=5.9",
     ],
     extras_require={

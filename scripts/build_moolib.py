@@ -29,7 +29,7 @@ import time
 
 MOOLIB_VERSION = "0.0.9b0"
 # Bump whenever the fixes below change: it is part of the cache key.
-FIX_REVISION = 1
+FIX_REVISION = 2
 PYBIND11_REQUIREMENT = "pybind11>=2.12,<3"
 MIN_CMAKE = (3, 12)
 
@@ -147,6 +147,31 @@ def apply_fixes(src):
         "  rpc::Function<typename RpcDeferredSignature<T>::type> f;",
         "void-safe signature for RpcDeferredReturn",
     )
+
+    # Fix 4 (CPU use, not the build): tensorpipe's shared-memory reactor busy-polls forever, so
+    # every moolib process, an idle broker included, keeps a core at up to 100%. On a small
+    # machine that starves the environments and the learner. Keep spinning while there is
+    # traffic, but once the loop has been idle for a while, sleep briefly between polls.
+    busy_loop = src / "src/tensorpipe/tensorpipe/common/busy_polling_loop.h"
+    patch_file(
+        busy_loop,
+        "      if (pollOnce()) {\n        // continue\n      } else if (deferredFunctionCount_ > 0) {\n"
+        "        deferredFunctionCount_ -= runDeferredFunctionsFromEventLoop();\n      } else {\n"
+        "        std::this_thread::yield();\n      }",
+        "      if (pollOnce()) {\n        idlePolls_ = 0;\n"
+        "      } else if (deferredFunctionCount_ > 0) {\n"
+        "        deferredFunctionCount_ -= runDeferredFunctionsFromEventLoop();\n        idlePolls_ = 0;\n"
+        "      } else if (++idlePolls_ < 2000) {\n        std::this_thread::yield();\n      } else {\n"
+        "        std::this_thread::sleep_for(std::chrono::microseconds(200));\n      }",
+        "back off from busy polling when idle",
+    )
+    patch_file(
+        busy_loop,
+        "  std::atomic<int64_t> deferredFunctionCount_{0};\n",
+        "  std::atomic<int64_t> deferredFunctionCount_{0};\n\n  int64_t idlePolls_{0};\n",
+        "idle poll counter",
+    )
+    patch_file(busy_loop, "#include <thread>", "#include <chrono>\n#include <thread>", "chrono")
 
 
 def build_wheel(workdir, cuda):

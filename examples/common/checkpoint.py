@@ -44,6 +44,9 @@ def load(path, required_keys=("model", "optimizer", "model_version")):
         raise
     except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, OSError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if reason.startswith("Weights only load failed"):
+            # torch's message is long and suggests unsafe loading; the file is just not ours.
+            reason = "not readable as a torch checkpoint"
         raise CheckpointError(f"{path} is corrupt or truncated ({reason})") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{path} is not a checkpoint of this project (not a dict)")

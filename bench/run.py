@@ -1,0 +1,767 @@
+"""Throughput, learning and memory benchmarks for the examples (GitHub issue 6).
+
+    python bench/run.py            # quick mode: under 15 minutes on a 2-core machine
+    python bench/run.py --smoke    # every measurement with tiny sizes, about 2 minutes
+    python bench/run.py --long     # quick mode, but the V-trace agent runs for 10 minutes
+    python bench/run.py --only a2c,sb3 --set actor_batch_size=16 --env ALE/Breakout-v5
+
+Writes bench/results.json and prints a table, plus a Markdown copy of it for the README.
+
+V-trace: the agent's speed only means something next to what the machine allows, so three
+numbers are measured with one set of settings (VTRACE_SETTINGS):
+
+* env limit: random actions through moolib.EnvPool, no model at all;
+* learner limit: forward, backward and Adam steps of the experiment's model and loss on random
+  batches, no envs and no moolib;
+* agent: env_train_steps per second of the real experiment (one peer, own broker), read from
+  its logs.tsv after a warm-up.
+
+ratio = agent / min(env limit, learner limit); the issue's target is 0.8. The three are measured
+back to back in one run because other work on the machine makes absolute numbers drift.
+
+A2C: examples/a2c.py and Stable-Baselines3's A2C on CartPole-v1 with 8 envs each, 100k steps,
+several seeds: speed and the mean return of the last 100 episodes.
+
+Memory: peak and growth of the resident memory of the V-trace peer process during the agent
+run. Scaling: two peers of one group on this machine against the one-peer agent run.
+"""
+
+import argparse
+import contextlib
+import csv
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import moolib
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from examples.common.address import with_free_port
+from examples.common.envs import EnvFactory
+from examples.vtrace.experiment import compute_loss
+from examples.vtrace.models import create_model
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results.json"
+PARTS = ["env", "learner", "agent", "scaling", "a2c", "sb3"]
+
+# One set of settings for the three V-trace measurements, and the README's CPU command line.
+# Sized for 2 cores: see the tuning notes in the final report of issue 6.
+VTRACE_SETTINGS = {
+    "actor_batch_size": 8,
+    "num_actor_batches": 2,
+    "num_actor_cpus": 2,
+    "batch_size": 8,
+    "unroll_length": 20,
+    "virtual_batch_size": 8,
+    "torch_threads": 1,
+}
+
+# Durations in seconds and sizes per mode. Agent warm-up skips start-up, the first learner
+# steps and the group forming; a measurement window of several log rows gives a stable slope.
+MODES = {
+    "smoke": dict(
+        env_warmup=2,
+        env_seconds=5,
+        learner_warmup_steps=1,
+        learner_seconds=5,
+        agent_warmup=10,
+        agent_seconds=15,
+        scaling_warmup=10,
+        scaling_seconds=15,
+        log_interval=2,
+        a2c_steps=5_000,
+        a2c_seeds=[0],
+        sb3_steps=5_000,
+        sb3_seeds=[0],
+    ),
+    "quick": dict(
+        env_warmup=5,
+        env_seconds=20,
+        learner_warmup_steps=2,
+        learner_seconds=20,
+        agent_warmup=20,
+        agent_seconds=90,
+        scaling_warmup=20,
+        scaling_seconds=60,
+        log_interval=5,
+        a2c_steps=100_000,
+        a2c_seeds=[0, 1, 2],
+        sb3_steps=100_000,
+        sb3_seeds=[0, 1, 2],
+    ),
+}
+MODES["long"] = dict(MODES["quick"], agent_seconds=600)
+
+# Time allowed for a peer to start (imports, env creation, connecting) before its log must grow.
+STARTUP_SECONDS = 120
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Benchmarks of the moolib examples (issue 6).")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="tiny sizes, about 2 minutes")
+    size.add_argument("--long", action="store_true", help="run the V-trace agent for 10 minutes")
+    p.add_argument("--env", default="ALE/Pong-v5", help="env of the V-trace measurements")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a V-trace setting, e.g. --set batch_size=16 (repeatable)",
+    )
+    p.add_argument(
+        "--only", default=",".join(PARTS), help=f"comma-separated subset of: {', '.join(PARTS)}"
+    )
+    p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results file")
+    args = p.parse_args(argv)
+    args.mode = "smoke" if args.smoke else "long" if args.long else "quick"
+    args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        p.error(f"--only: unknown parts {unknown}; choose from {PARTS}")
+    args.settings = dict(VTRACE_SETTINGS)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in VTRACE_SETTINGS:
+            p.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {list(VTRACE_SETTINGS)}")
+        args.settings[key] = int(value)
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine description
+
+
+def cpu_model():
+    with contextlib.suppress(OSError):
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def memory_gib():
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    return None
+
+
+def package_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit():
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def describe_machine():
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "moolib": package_version("moolib"),
+        "stable_baselines3": package_version("stable-baselines3"),
+        "git": git_commit(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# V-trace: env limit and learner limit, in this process
+
+
+def experiment_flags(settings):
+    """The experiment's config with the benchmark's settings, for compute_loss."""
+    flags = OmegaConf.load(REPO / "examples" / "vtrace" / "config.yaml")
+    for key, value in settings.items():
+        OmegaConf.update(flags, key, value)
+    return flags
+
+
+def measure_env_limit(env_name, settings, warmup, seconds):
+    """Env steps per second of EnvPool alone, stepped like the agent steps it.
+
+    Must run before anything in this process starts threads: EnvPool forks its workers.
+    """
+    B, num_batches = settings["actor_batch_size"], settings["num_actor_batches"]
+    factory = EnvFactory(env_name, seed=12345)
+    num_actions = factory.spaces()[1].n
+    envs = moolib.EnvPool(
+        factory, num_processes=settings["num_actor_cpus"], batch_size=B, num_batches=num_batches
+    )
+    futures = [envs.step(i, torch.zeros(B, dtype=torch.int64)) for i in range(num_batches)]
+    batch = 0
+
+    def step():
+        nonlocal batch
+        # Copy out of shared memory, as the agent does before the next step overwrites it.
+        {key: value.clone() for key, value in futures[batch].result().items()}
+        futures[batch] = envs.step(batch, torch.randint(num_actions, (B,)))
+        batch = (batch + 1) % num_batches
+
+    deadline = time.monotonic() + warmup
+    while time.monotonic() < deadline:
+        step()
+    steps, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        step()
+        steps += B
+    elapsed = time.monotonic() - start
+    for future in futures:  # let the workers finish before the pool goes away with this frame
+        with contextlib.suppress(Exception):
+            future.result()
+    return {"env_limit_sps": steps / elapsed, "env_limit_seconds": round(elapsed, 1)}
+
+
+def random_learner_batch(observation_space, num_actions, T, B):
+    """A [T+1, B] batch with the dtypes and shapes the agent's Batcher hands the learner."""
+    shape = (T + 1, B)
+    if observation_space.dtype == np.uint8:
+        state = torch.randint(0, 256, shape + observation_space.shape, dtype=torch.uint8)
+    else:
+        state = torch.randn(shape + observation_space.shape)
+    return {
+        "state": state,
+        "done": torch.rand(shape) < 0.01,
+        "reward": torch.randint(-1, 2, shape).float(),
+        "action": torch.randint(num_actions, shape),
+        "policy_logits": torch.randn(shape + (num_actions,)),
+    }
+
+
+def measure_learner_limit(env_name, settings, warmup_steps, seconds):
+    """Samples (T x B) per second of the experiment's learner step, without envs or moolib."""
+    flags = experiment_flags(settings)
+    if flags.torch_threads > 0:
+        torch.set_num_threads(flags.torch_threads)
+    observation_space, action_space = EnvFactory(env_name).spaces()
+    model = create_model(observation_space, action_space.n, use_lstm=flags.use_lstm)
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=flags.optimizer.learning_rate,
+        betas=(flags.optimizer.beta_1, flags.optimizer.beta_2),
+        eps=flags.optimizer.epsilon,
+    )
+    T, B = flags.unroll_length, flags.batch_size
+    batch = random_learner_batch(observation_space, action_space.n, T, B)
+    if flags.use_lstm:
+        batch["core_state"] = model.initial_state(B)
+
+    def step():
+        loss, _ = compute_loss(flags, model, batch)
+        model.zero_grad(set_to_none=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), flags.grad_norm_clipping)
+        optimizer.step()
+
+    for _ in range(warmup_steps):
+        step()
+    steps, start = 0, time.monotonic()
+    while steps < 3 or time.monotonic() - start < seconds:
+        step()
+        steps += 1
+    elapsed = time.monotonic() - start
+    return {
+        "learner_limit_sps": steps * T * B / elapsed,
+        "learner_step_seconds": elapsed / steps,
+        "learner_steps": steps,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses: a broker and experiment peers
+
+
+@contextlib.contextmanager
+def process_group(cmd, logfile, grace=15):
+    """Run cmd in its own process group; on leaving, stop it and everything it forked."""
+    with open(logfile, "w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        # SIGTERM to the leader only lets the experiment stop cleanly; its EnvPool workers (same
+        # group) would die at once on a group-wide SIGTERM and leave it waiting on them.
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def tail(path, lines=15):
+    with contextlib.suppress(OSError):
+        return "\n".join(pathlib.Path(path).read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def read_log(path):
+    """Rows of a peer's logs.tsv as dicts of floats; none while the file is not there yet."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    parsed = []
+    for row in rows[:-1] if rows and None in rows[-1].values() else rows:  # a half-written row
+        with contextlib.suppress(TypeError, ValueError):
+            parsed.append({key: float(value) for key, value in row.items()})
+    return parsed
+
+
+def slope(xs, ys):
+    """Least-squares slope of ys over xs."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    return (
+        sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+        if sxx
+        else float("nan")
+    )
+
+
+def train_rate(rows, warmup, peers=1):
+    """env_train_steps per second over the rows after the warm-up (with all peers joined)."""
+    rows = [r for r in rows if r["time"] >= warmup and r["peers"] >= peers]
+    if len(rows) < 2:
+        return float("nan")
+    return slope([r["time"] for r in rows], [r["env_train_steps"] for r in rows])
+
+
+def proc_status_mb(pid, field):
+    """VmRSS / VmHWM of a process in MB, or None once it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    return None
+
+
+def experiment_cmd(broker, workdir, env_name, settings, log_interval, name, group):
+    return [
+        sys.executable,
+        "-m",
+        "examples.vtrace.experiment",
+        f"connect={broker}",
+        f"savedir={workdir / 'savedir'}",
+        f"local_name={name}",
+        "project=bench",
+        f"group={group}",
+        f"env.name={env_name}",
+        "device=cpu",
+        *(f"{key}={value}" for key, value in settings.items()),
+        f"log_interval={log_interval}",
+        "total_steps=1_000_000_000_000",
+    ]
+
+
+def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, group):
+    """Run one peer per entry of peer_settings in one group until each has logged past
+    warmup + seconds with all peers joined; sample the memory of the first one meanwhile.
+
+    Returns (rows per peer, memory samples [(seconds, RSS MB)], peak RSS MB, commands).
+    """
+    broker = with_free_port("127.0.0.1:0")
+    names = [f"peer{i}" for i in range(len(peer_settings))]
+    cmds = [
+        experiment_cmd(broker, workdir, env_name, s, log_interval, name, group)
+        for name, s in zip(names, peer_settings, strict=True)
+    ]
+    logs = [workdir / "savedir" / "peers" / name / "logs.tsv" for name in names]
+    broker_cmd = [sys.executable, "-m", "moolib.broker", broker]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(process_group(broker_cmd, workdir / "broker.out"))
+        procs = [
+            stack.enter_context(process_group(cmd, workdir / f"{name}.out"))
+            for cmd, name in zip(cmds, names, strict=True)
+        ]
+        start = time.monotonic()
+        samples, peak = [], None
+        while True:
+            time.sleep(1)
+            for proc, name in zip(procs, names, strict=True):
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode}:\n{tail(workdir / f'{name}.out')}"
+                    )
+            rss = proc_status_mb(procs[0].pid, "VmRSS")
+            if rss is not None:
+                samples.append((time.monotonic() - start, rss))
+                peak = proc_status_mb(procs[0].pid, "VmHWM")
+            rows = [read_log(path) for path in logs]
+            joined = [[r for r in peer if r["peers"] >= len(names)] for peer in rows]
+            if all(peer and peer[-1]["time"] >= warmup + seconds for peer in joined):
+                return rows, samples, peak, cmds
+            if not all(rows) and time.monotonic() - start > STARTUP_SECONDS:
+                raise RuntimeError(
+                    f"no log rows after {STARTUP_SECONDS} s:\n{tail(workdir / f'{names[0]}.out')}"
+                )
+            if time.monotonic() - start > STARTUP_SECONDS + 3 * (warmup + seconds):
+                raise RuntimeError("the peers log too slowly; see " + str(workdir))
+
+
+def memory_summary(samples, peak, warmup):
+    """Peak RSS, and growth after the warm-up as a difference and as a fitted slope."""
+    steady = [(t, rss) for t, rss in samples if t >= warmup]
+    if len(steady) < 2:
+        steady = samples
+    minutes = (steady[-1][0] - steady[0][0]) / 60
+    return {
+        "peak_rss_mb": round(peak, 1) if peak else None,
+        "rss_start_mb": round(steady[0][1], 1),
+        "rss_end_mb": round(steady[-1][1], 1),
+        "rss_growth_mb": round(steady[-1][1] - steady[0][1], 1),
+        "rss_slope_mb_per_min": round(slope(*zip(*steady, strict=True)) * 60, 2),
+        "measured_minutes": round(minutes, 1),
+        # One sample every ~5 s is plenty for a plot and keeps the file small.
+        "rss_samples": [(round(t), round(rss, 1)) for t, rss in samples[::5]],
+    }
+
+
+def measure_agent(env_name, settings, mode):
+    with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
+        rows, samples, peak, cmds = run_peers(
+            pathlib.Path(tmp),
+            env_name,
+            [settings],
+            mode["log_interval"],
+            mode["agent_warmup"],
+            mode["agent_seconds"],
+            group=f"agent-{os.getpid()}",
+        )
+    agent = {
+        "agent_sps": train_rate(rows[0], mode["agent_warmup"]),
+        # Acting steps per second too: equal to the above unless acting runs ahead or drops.
+        "agent_acting_sps": statistics.fmean(r["SPS"] for r in rows[0][1:]) if rows[0] else None,
+        "agent_seconds": mode["agent_seconds"],
+        "agent_warmup_seconds": mode["agent_warmup"],
+        "agent_cmd": " ".join(cmds[0][1:]),
+    }
+    return agent, memory_summary(samples, peak, mode["agent_warmup"])
+
+
+def measure_scaling(env_name, settings, mode, one_peer_sps):
+    """Two peers of one group, each with half the actor processes, against one peer."""
+    half = dict(settings, num_actor_cpus=max(1, settings["num_actor_cpus"] // 2))
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+        rows, _, _, _ = run_peers(
+            pathlib.Path(tmp),
+            env_name,
+            [half, half],
+            mode["log_interval"],
+            mode["scaling_warmup"],
+            mode["scaling_seconds"],
+            group=f"scaling-{os.getpid()}",
+        )
+    # env_train_steps counts the whole group's samples on every peer: each peer's slope is
+    # already the total; they differ only by when each logged.
+    rates = [train_rate(peer, mode["scaling_warmup"], peers=2) for peer in rows]
+    total = statistics.fmean(rates)
+    return {
+        "one_peer_sps": one_peer_sps,
+        "two_peers_sps": total,
+        "two_peers_vs_one": total / one_peer_sps,
+        "per_peer_settings": half,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# A2C on CartPole: examples/a2c.py and Stable-Baselines3
+
+A2C_DONE = re.compile(
+    r"done: (\d+) steps in \S+ s \((\d+) SPS\), mean return of the last (\d+) episodes ([-\d.na]+)"
+)
+
+
+def run_a2c(steps, seed, workdir):
+    # --batch-size is envs per batch and a2c.py steps two batches in turn: 2 x 4 = 8 envs.
+    cmd = [
+        sys.executable,
+        "examples/a2c.py",
+        "--batch-size",
+        "4",
+        "--total-steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--logfile",
+        str(workdir / f"a2c-{seed}.tsv"),
+    ]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    match = A2C_DONE.search(out.stdout)
+    if out.returncode != 0 or not match:
+        raise RuntimeError(f"a2c.py failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr}")
+    return {"seed": seed, "sps": int(match[2]), "mean_return": float(match[4])}
+
+
+def measure_a2c(steps, seeds):
+    with tempfile.TemporaryDirectory(prefix="bench-a2c-") as tmp:
+        runs = [run_a2c(steps, seed, pathlib.Path(tmp)) for seed in seeds]
+    return {
+        "sps": statistics.fmean(r["sps"] for r in runs),
+        f"mean_return_{steps // 1000}k": statistics.fmean(r["mean_return"] for r in runs),
+        "runs": runs,
+        "cmd": "python examples/a2c.py --batch-size 4 --total-steps N --seed S",
+    }
+
+
+def run_sb3(steps, seed):
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.env_util import make_vec_env
+
+    # make_vec_env wraps every env in a Monitor, which fills model.ep_info_buffer (last 100).
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    model = A2C("MlpPolicy", env, seed=seed, device="cpu")
+    start = time.monotonic()
+    model.learn(total_timesteps=steps)
+    elapsed = time.monotonic() - start
+    returns = [info["r"] for info in model.ep_info_buffer]
+    env.close()
+    return {"seed": seed, "sps": steps / elapsed, "mean_return": statistics.fmean(returns)}
+
+
+def measure_sb3(steps, seeds):
+    torch.set_num_threads(1)  # as a2c.py does
+    runs = [run_sb3(steps, seed) for seed in seeds]
+    return {
+        "sb3_a2c_sps": statistics.fmean(r["sps"] for r in runs),
+        f"sb3_mean_return_{steps // 1000}k": statistics.fmean(r["mean_return"] for r in runs),
+        "sb3_runs": runs,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def table_rows(results):
+    """(measurement, value) pairs for whatever was measured."""
+    v, a, m, s = (results.get(k, {}) for k in ["vtrace", "a2c", "memory", "scaling"])
+    env = results["env"]
+    rows = []
+    if "env_limit_sps" in v:
+        rows.append(
+            (f"V-trace {env}: env limit (EnvPool, random actions)", f"{v['env_limit_sps']:.0f} SPS")
+        )
+    if "learner_limit_sps" in v:
+        rows.append(
+            (
+                f"V-trace {env}: learner limit (fwd+bwd+Adam, T*B samples)",
+                f"{v['learner_limit_sps']:.0f} SPS",
+            )
+        )
+    if "agent_sps" in v:
+        rows.append(
+            (f"V-trace {env}: agent, one peer (env_train_steps/s)", f"{v['agent_sps']:.0f} SPS")
+        )
+    if "ratio" in v:
+        rows.append(("V-trace: agent / min(env limit, learner limit)", f"{v['ratio']:.2f}"))
+    if "two_peers_vs_one" in s:
+        rows.append(
+            (
+                "V-trace: two peers on this machine vs one (total SPS)",
+                f"{s['two_peers_sps']:.0f} / {s['one_peer_sps']:.0f} = {s['two_peers_vs_one']:.2f}",
+            )
+        )
+    if "peak_rss_mb" in m:
+        rows.append(("V-trace peer: peak RSS (VmHWM)", f"{m['peak_rss_mb']:.0f} MB"))
+        rows.append(
+            (
+                "V-trace peer: RSS growth after warm-up",
+                f"{m['rss_growth_mb']:+.0f} MB in {m['measured_minutes']:.1f} min "
+                f"({m['rss_slope_mb_per_min']:+.1f} MB/min)",
+            )
+        )
+    key = next((k for k in a if k.startswith("mean_return_")), None)
+    if key:
+        n = len(a["runs"])
+        rows.append(
+            (
+                f"A2C CartPole (a2c.py, 8 envs): SPS / return {key[12:]}, {n} seeds",
+                f"{a['sps']:.0f} SPS / {a[key]:.1f}",
+            )
+        )
+    key = next((k for k in a if k.startswith("sb3_mean_return_")), None)
+    if key:
+        n = len(a["sb3_runs"])
+        rows.append(
+            (
+                f"A2C CartPole (SB3, 8 envs): SPS / return {key[16:]}, {n} seeds",
+                f"{a['sb3_a2c_sps']:.0f} SPS / {a[key]:.1f}",
+            )
+        )
+    return rows
+
+
+def plain_table(rows):
+    width = max((len(name) for name, _ in rows), default=0)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def markdown_table(results, rows):
+    m = results["machine"]
+    settings = " ".join(f"{k}={v}" for k, v in results["settings"].items())
+    lines = [
+        f"Measured {results['date']} ({results['mode']} mode) on {m['platform']}, {m['cpu']}, "
+        f"{m['cores']} cores; torch {m['torch']}, moolib {m['moolib']}. V-trace settings: "
+        f"`{settings}`.",
+        "",
+        "| measurement | value |",
+        "| --- | --- |",
+        *(f"| {name} | {value} |" for name, value in rows),
+    ]
+    return "\n".join(lines)
+
+
+def save(results, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def notes(mode, parts, settings):
+    text = []
+    if "agent" in parts:
+        minutes = MODES[mode]["agent_seconds"] / 60
+        text.append(
+            f"memory: the agent ran {minutes:.1f} min after a {MODES[mode]['agent_warmup']} s "
+            "warm-up; the issue's 10-minute no-growth check is `--long`."
+            if mode != "long"
+            else "memory: 10-minute run (--long); rss_slope_mb_per_min is the growth check."
+        )
+    if "env" in parts or "learner" in parts:
+        text.append(
+            "env and learner limits each have the machine to themselves; the agent runs "
+            "acting, learning and the env workers on the same cores at once."
+        )
+    if "a2c" in parts or "sb3" in parts:
+        text.append(
+            "a2c.py uses its defaults (LSTM core, 2 EnvPool processes); SB3 uses its "
+            "default MlpPolicy (no LSTM) with DummyVecEnv in one process."
+        )
+    if "scaling" in parts:
+        half = max(1, settings["num_actor_cpus"] // 2)
+        text.append(
+            f"scaling: each of the two peers has num_actor_cpus={half}; both share the same cores."
+        )
+    text.append("Other jobs may share this machine: compare numbers within one run.")
+    return text
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    mode = MODES[args.mode]
+    results = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "mode": args.mode,
+        "env": args.env,
+        "settings": args.settings,
+        "machine": describe_machine(),
+        "load_average_start": os.getloadavg(),
+        "vtrace": {},
+        "a2c": {},
+        "notes": notes(args.mode, args.parts, args.settings),
+    }
+    timings = {}
+    v = results["vtrace"]
+
+    def timed(part, fn, *fn_args):
+        print(f"[bench] {part} ...", flush=True)
+        start = time.monotonic()
+        value = fn(*fn_args)
+        timings[part] = round(time.monotonic() - start, 1)
+        print(f"[bench] {part}: {timings[part]:.0f} s", flush=True)
+        return value
+
+    # The env limit comes first: EnvPool forks, which moolib refuses once threads exist.
+    if "env" in args.parts:
+        v.update(
+            timed(
+                "env",
+                measure_env_limit,
+                args.env,
+                args.settings,
+                mode["env_warmup"],
+                mode["env_seconds"],
+            )
+        )
+    if "learner" in args.parts:
+        v.update(
+            timed(
+                "learner",
+                measure_learner_limit,
+                args.env,
+                args.settings,
+                mode["learner_warmup_steps"],
+                mode["learner_seconds"],
+            )
+        )
+    if "agent" in args.parts or "scaling" in args.parts:
+        agent, memory = timed("agent", measure_agent, args.env, args.settings, mode)
+        v.update(agent)
+        results["memory"] = memory
+    if {"env_limit_sps", "learner_limit_sps", "agent_sps"} <= v.keys():
+        v["ratio"] = v["agent_sps"] / min(v["env_limit_sps"], v["learner_limit_sps"])
+    if "scaling" in args.parts:
+        results["scaling"] = timed(
+            "scaling", measure_scaling, args.env, args.settings, mode, v["agent_sps"]
+        )
+    if "a2c" in args.parts:
+        results["a2c"].update(timed("a2c", measure_a2c, mode["a2c_steps"], mode["a2c_seeds"]))
+    if "sb3" in args.parts:
+        results["a2c"].update(timed("sb3", measure_sb3, mode["sb3_steps"], mode["sb3_seeds"]))
+
+    results["load_average_end"] = os.getloadavg()
+    results["timings_seconds"] = timings
+    rows = table_rows(results)
+    results["markdown"] = markdown_table(results, rows)
+    save(results, args.out)
+    print()
+    print(plain_table(rows))
+    print()
+    print(results["markdown"])
+    print(f"\n{args.out} written; took {sum(timings.values()) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
