@@ -153,16 +153,31 @@ def apply_fixes(src):
     # machine that starves the environments and the learner. Keep spinning while there is
     # traffic, but once the loop has been idle for a while, sleep briefly between polls.
     busy_loop = src / "src/tensorpipe/tensorpipe/common/busy_polling_loop.h"
+    old_loop = [
+        "      if (pollOnce()) {",
+        "        // continue",
+        "      } else if (deferredFunctionCount_ > 0) {",
+        "        deferredFunctionCount_ -= runDeferredFunctionsFromEventLoop();",
+        "      } else {",
+        "        std::this_thread::yield();",
+        "      }",
+    ]
+    new_loop = [
+        "      if (pollOnce()) {",
+        "        idlePolls_ = 0;",
+        "      } else if (deferredFunctionCount_ > 0) {",
+        "        deferredFunctionCount_ -= runDeferredFunctionsFromEventLoop();",
+        "        idlePolls_ = 0;",
+        "      } else if (++idlePolls_ < 2000) {",
+        "        std::this_thread::yield();",
+        "      } else {",
+        "        std::this_thread::sleep_for(std::chrono::microseconds(200));",
+        "      }",
+    ]
     patch_file(
         busy_loop,
-        "      if (pollOnce()) {\n        // continue\n      } else if (deferredFunctionCount_ > 0) {\n"
-        "        deferredFunctionCount_ -= runDeferredFunctionsFromEventLoop();\n      } else {\n"
-        "        std::this_thread::yield();\n      }",
-        "      if (pollOnce()) {\n        idlePolls_ = 0;\n"
-        "      } else if (deferredFunctionCount_ > 0) {\n"
-        "        deferredFunctionCount_ -= runDeferredFunctionsFromEventLoop();\n        idlePolls_ = 0;\n"
-        "      } else if (++idlePolls_ < 2000) {\n        std::this_thread::yield();\n      } else {\n"
-        "        std::this_thread::sleep_for(std::chrono::microseconds(200));\n      }",
+        "\n".join(old_loop),
+        "\n".join(new_loop),
         "back off from busy polling when idle",
     )
     patch_file(
