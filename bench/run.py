@@ -393,89 +393,109 @@ def experiment_cmd(broker, workdir, env_name, settings, log_interval, name, grou
     ]
 
 
-def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, group):
-    """Run one peer per entry of peer_settings in one group until each has logged past
-    warmup + seconds with all peers joined; sample the memory of the first one meanwhile.
-
-    Returns (rows per peer, memory samples [(seconds, RSS MB)], peak RSS MB, commands).
-    """
+def start_peers(stack, workdir, env_name, peer_settings, log_interval, group):
+    """Start a broker and one experiment per entry of peer_settings, all in one group; they
+    stop when `stack` closes. Returns [(name, process, logs.tsv path, command)]."""
     broker = with_free_port("127.0.0.1:0")
-    names = [f"peer{i}" for i in range(len(peer_settings))]
-    cmds = [
-        experiment_cmd(broker, workdir, env_name, s, log_interval, name, group)
-        for name, s in zip(names, peer_settings, strict=True)
-    ]
-    logs = [workdir / "savedir" / "peers" / name / "logs.tsv" for name in names]
-    broker_cmd = [sys.executable, "-m", "moolib.broker", broker]
+    stack.enter_context(
+        process_group([sys.executable, "-m", "moolib.broker", broker], workdir / "broker.out")
+    )
+    peers = []
+    for i, settings in enumerate(peer_settings):
+        name = f"peer{i}"
+        cmd = experiment_cmd(broker, workdir, env_name, settings, log_interval, name, group)
+        proc = stack.enter_context(process_group(cmd, workdir / f"{name}.out"))
+        peers.append((name, proc, workdir / "savedir" / "peers" / name / "logs.tsv", cmd))
+    return peers
+
+
+def check_alive(peers, workdir):
+    for name, proc, _, _ in peers:
+        if proc.poll() is not None:
+            output = tail(workdir / f"{name}.out")
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{output}")
+
+
+def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, group):
+    """Run peers until each has logged `seconds` past `warmup` with all of them joined.
+
+    The first peer's memory is sampled every second meanwhile. Returns (rows per peer,
+    memory samples [(seconds since start, RSS MB, after warm-up)], peak RSS MB, commands).
+    """
     with contextlib.ExitStack() as stack:
-        stack.enter_context(process_group(broker_cmd, workdir / "broker.out"))
-        procs = [
-            stack.enter_context(process_group(cmd, workdir / f"{name}.out"))
-            for cmd, name in zip(cmds, names, strict=True)
-        ]
+        peers = start_peers(stack, workdir, env_name, peer_settings, log_interval, group)
+        first_pid = peers[0][1].pid
         start = time.monotonic()
-        samples, peak = [], None
+        samples, peak, steady = [], None, False
         while True:
             time.sleep(1)
-            for proc, name in zip(procs, names, strict=True):
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{name} exited with {proc.returncode}:\n{tail(workdir / f'{name}.out')}"
-                    )
-            rss = proc_status_mb(procs[0].pid, "VmRSS")
+            check_alive(peers, workdir)
+            rows = [read_log(path) for _, _, path, _ in peers]
+            joined = [[r for r in peer if r["peers"] >= len(peers)] for peer in rows]
+            # Memory counts as steady from the first log row past the warm-up on.
+            steady = steady or any(r["time"] >= warmup for r in rows[0])
+            rss = proc_status_mb(first_pid, "VmRSS")
             if rss is not None:
-                samples.append((time.monotonic() - start, rss))
-                peak = proc_status_mb(procs[0].pid, "VmHWM")
-            rows = [read_log(path) for path in logs]
-            joined = [[r for r in peer if r["peers"] >= len(names)] for peer in rows]
+                samples.append((time.monotonic() - start, rss, steady))
+                peak = proc_status_mb(first_pid, "VmHWM")
             if all(peer and peer[-1]["time"] >= warmup + seconds for peer in joined):
-                return rows, samples, peak, cmds
-            if not all(rows) and time.monotonic() - start > STARTUP_SECONDS:
-                raise RuntimeError(
-                    f"no log rows after {STARTUP_SECONDS} s:\n{tail(workdir / f'{names[0]}.out')}"
-                )
-            if time.monotonic() - start > STARTUP_SECONDS + 3 * (warmup + seconds):
-                raise RuntimeError("the peers log too slowly; see " + str(workdir))
+                return rows, samples, peak, [cmd for *_, cmd in peers]
+            waited = time.monotonic() - start
+            if not all(rows) and waited > STARTUP_SECONDS:
+                output = tail(workdir / "peer0.out")
+                raise RuntimeError(f"no log rows after {STARTUP_SECONDS} s:\n{output}")
+            if waited > STARTUP_SECONDS + 3 * (warmup + seconds):
+                raise RuntimeError(f"the peers log too slowly; see {workdir}")
 
 
-def memory_summary(samples, peak, warmup):
-    """Peak RSS, and growth after the warm-up as a difference and as a fitted slope."""
-    steady = [(t, rss) for t, rss in samples if t >= warmup]
-    if len(steady) < 2:
-        steady = samples
-    minutes = (steady[-1][0] - steady[0][0]) / 60
+def memory_summary(samples, peak):
+    """Peak RSS, and how RSS grows after the warm-up.
+
+    RSS swings by hundreds of MB within a learner step (activations are allocated and given
+    back), so growth compares the medians of the first and last quarter of the samples, and
+    the slope is a least-squares fit over all of them.
+    """
+    steady = [(t, rss) for t, rss, after_warmup in samples if after_warmup] or [
+        (t, rss) for t, rss, _ in samples
+    ]
+    quarter = max(1, len(steady) // 4)
+    first = statistics.median(rss for _, rss in steady[:quarter])
+    last = statistics.median(rss for _, rss in steady[-quarter:])
+    times, values = zip(*steady, strict=True)
     return {
         "peak_rss_mb": round(peak, 1) if peak else None,
-        "rss_start_mb": round(steady[0][1], 1),
-        "rss_end_mb": round(steady[-1][1], 1),
-        "rss_growth_mb": round(steady[-1][1] - steady[0][1], 1),
-        "rss_slope_mb_per_min": round(slope(*zip(*steady, strict=True)) * 60, 2),
-        "measured_minutes": round(minutes, 1),
+        "rss_first_quarter_mb": round(first, 1),
+        "rss_last_quarter_mb": round(last, 1),
+        "rss_growth_mb": round(last - first, 1),
+        "rss_slope_mb_per_min": round(slope(times, values) * 60, 2),
+        "measured_minutes": round((times[-1] - times[0]) / 60, 1),
         # One sample every ~5 s is plenty for a plot and keeps the file small.
-        "rss_samples": [(round(t), round(rss, 1)) for t, rss in samples[::5]],
+        "rss_samples": [(round(t), round(rss, 1)) for t, rss, _ in samples[::5]],
     }
 
 
 def measure_agent(env_name, settings, mode):
+    warmup = mode["agent_warmup"]
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         rows, samples, peak, cmds = run_peers(
             pathlib.Path(tmp),
             env_name,
             [settings],
             mode["log_interval"],
-            mode["agent_warmup"],
+            warmup,
             mode["agent_seconds"],
             group=f"agent-{os.getpid()}",
         )
+    steady = [r for r in rows[0] if r["time"] >= warmup]
     agent = {
-        "agent_sps": train_rate(rows[0], mode["agent_warmup"]),
-        # Acting steps per second too: equal to the above unless acting runs ahead or drops.
-        "agent_acting_sps": statistics.fmean(r["SPS"] for r in rows[0][1:]) if rows[0] else None,
+        "agent_sps": train_rate(rows[0], warmup),
+        # Acting steps per second: above the training rate only when unrolls are dropped.
+        "agent_acting_sps": statistics.fmean(r["SPS"] for r in steady),
         "agent_seconds": mode["agent_seconds"],
-        "agent_warmup_seconds": mode["agent_warmup"],
+        "agent_warmup_seconds": warmup,
         "agent_cmd": " ".join(cmds[0][1:]),
     }
-    return agent, memory_summary(samples, peak, mode["agent_warmup"])
+    return agent, memory_summary(samples, peak)
 
 
 def measure_scaling(env_name, settings, mode, one_peer_sps):
@@ -612,19 +632,19 @@ def table_rows(results):
         )
     key = next((k for k in a if k.startswith("mean_return_")), None)
     if key:
-        n = len(a["runs"])
+        seeds = "seed" if len(a["runs"]) == 1 else f"{len(a['runs'])} seeds"
         rows.append(
             (
-                f"A2C CartPole (a2c.py, 8 envs): SPS / return {key[12:]}, {n} seeds",
+                f"A2C CartPole, a2c.py (8 envs): SPS / return at {key[12:]}, {seeds}",
                 f"{a['sps']:.0f} SPS / {a[key]:.1f}",
             )
         )
     key = next((k for k in a if k.startswith("sb3_mean_return_")), None)
     if key:
-        n = len(a["sb3_runs"])
+        seeds = "seed" if len(a["sb3_runs"]) == 1 else f"{len(a['sb3_runs'])} seeds"
         rows.append(
             (
-                f"A2C CartPole (SB3, 8 envs): SPS / return {key[16:]}, {n} seeds",
+                f"A2C CartPole, SB3 (8 envs): SPS / return at {key[16:]}, {seeds}",
                 f"{a['sb3_a2c_sps']:.0f} SPS / {a[key]:.1f}",
             )
         )

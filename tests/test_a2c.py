@@ -2,8 +2,11 @@
 
 import csv
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -167,3 +170,28 @@ def test_a_second_a2c_joins_the_first_and_gets_its_model(children, tmp_path):
         r["virtual_batch_size"] for r in rows
     ]
     assert any(r["peers"] == "2" for r in rows)
+
+
+def process_group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_cleanly_and_env_workers_exit(children, tmp_path, sig):
+    a2c = children([sys.executable, A2C, "--log-interval", "1"], "a2c", cwd=tmp_path)
+    assert a2c.wait_for_line(lambda s: s.startswith("step "), timeout=120), a2c.output
+    a2c.signal(sig)
+    assert a2c.wait(timeout=60) == 0, a2c.output
+    assert a2c.lines[-1].startswith("stopped by"), a2c.output
+    for bad in ("Traceback", "terminate called", "Aborted", "leaked"):
+        assert bad not in a2c.output
+    # The EnvPool worker processes (same process group) go away by themselves.
+    deadline = time.monotonic() + 30
+    while process_group_alive(a2c.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not process_group_alive(a2c.proc.pid), "EnvPool workers outlived a2c.py"
