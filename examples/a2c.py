@@ -58,6 +58,9 @@ def parse_args(argv=None):
         help="least samples per optimizer step, over all peers (default: one rollout)",
     )
     p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument(
+        "--constant-lr", action="store_true", help="no linear decay of the learning rate to 0"
+    )
     p.add_argument("--discounting", type=float, default=0.99)
     p.add_argument("--baseline-cost", type=float, default=0.5)
     p.add_argument("--entropy-cost", type=float, default=0.01)
@@ -301,6 +304,11 @@ def main(argv=None):
                 accumulator.reduce_gradients(rollout_size)
 
             if accumulator.has_gradients():
+                if not args.constant_lr:
+                    # Decay by model version, which all peers share, so that they all step with
+                    # the same learning rate and keep identical weights.
+                    progress = accumulator.model_version() * rollout_size / args.total_steps
+                    optimizer.param_groups[0]["lr"] = args.lr * max(0.0, 1.0 - progress)
                 grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
                 optimizer.step()
                 accumulator.zero_gradients()

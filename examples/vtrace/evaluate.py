@@ -31,7 +31,7 @@ from examples.common import checkpoint
 from examples.common.checkpoint import CheckpointError
 from examples.common.envs import ATARI_PREFIX, check_env_name, make_env
 from examples.common.tsvlog import TsvLog
-from examples.vtrace.experiment import ConfigError, resolve_device
+from examples.vtrace.experiment import ConfigError, check_writable, resolve_device
 from examples.vtrace.models import create_model
 
 # Tiny frames (MinAtar's 10x10 grids) are scaled up to at least this many pixels a side.
@@ -155,18 +155,6 @@ def load_model(data, path, env, settings, device):
     if reason is not None:
         raise CheckpointError(f"{path} does not fit {describe}: {reason}")
     return model.to(device).eval()
-
-
-def check_writable(folder, name):
-    """Create `folder` if needed and make sure a file can be written there; `name` is for errors."""
-    folder = pathlib.Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"{name} is not writable ({e.strerror or e})") from None
 
 
 def video_frame(frame):

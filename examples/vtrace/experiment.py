@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+import zlib
 
 import hydra
 import moolib
@@ -95,16 +96,21 @@ def resolve_device(name):
     return device
 
 
+def check_writable(folder, name):
+    """Create `folder` if needed and make sure a file can be written there; `name` is for errors."""
+    folder = pathlib.Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{name} is not writable ({e.strerror or e})") from None
+
+
 def prepare_dirs(flags):
     for key in ["savedir", "localdir"]:
-        path = pathlib.Path(flags[key])
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as e:
-            raise ConfigError(f"{key}={path} is not writable ({e.strerror or e})") from None
+        check_writable(flags[key], f"{key}={flags[key]}")
 
 
 class Learner:
@@ -248,7 +254,8 @@ def run(flags):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     env_factory = EnvFactory(
         flags.env.name,
-        seed=flags.seed * 1_000_003 + os.getpid(),  # distinct episodes on every peer
+        # Distinct episodes on every peer; the same ones again for the same seed and local_name.
+        seed=flags.seed * 1_000_003 + zlib.crc32(flags.local_name.encode()),
         repeat_action_probability=flags.env.repeat_action_probability,
         num_action_repeats=flags.env.num_action_repeats,
         noop_max=flags.env.noop_max,
