@@ -217,6 +217,7 @@ def main(argv=None):
     accumulator.set_virtual_batch_size(args.virtual_batch_size or rollout_size)
     rpc.connect(broker_address)
 
+    schedule = {"lr": args.lr, "decay_steps": None if args.constant_lr else args.total_steps}
     log = TsvLog(args.logfile)
     print(f"Logging to {log.path}")
     stop = []
@@ -250,15 +251,18 @@ def main(argv=None):
                 continue
 
             # A newcomer gets the whole learner state from the group's leader: weights as well
-            # as optimizer, so that it cannot start one step out of line with the others.
+            # as optimizer, so that it cannot start one step out of line with the others, and
+            # the learning-rate schedule, so that all peers step with the same rate.
             if accumulator.wants_state():
                 accumulator.set_state(
-                    {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-                )
+                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "schedule": schedule}
+                )  # fmt: skip
             if accumulator.has_new_state():
                 state = accumulator.state()
                 model.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
+                schedule = state["schedule"]
 
             # Act on one batch of envs while the other batch steps in its worker processes.
             # Copy out: the result lives in shared memory that the next step of this batch reuses.
@@ -304,11 +308,10 @@ def main(argv=None):
                 accumulator.reduce_gradients(rollout_size)
 
             if accumulator.has_gradients():
-                if not args.constant_lr:
-                    # Decay by model version, which all peers share, so that they all step with
-                    # the same learning rate and keep identical weights.
-                    progress = accumulator.model_version() * rollout_size / args.total_steps
-                    optimizer.param_groups[0]["lr"] = args.lr * max(0.0, 1.0 - progress)
+                if schedule["decay_steps"]:
+                    # By model version, which all peers share: identical rates, identical weights.
+                    progress = accumulator.model_version() * rollout_size / schedule["decay_steps"]
+                    optimizer.param_groups[0]["lr"] = schedule["lr"] * max(0.0, 1.0 - progress)
                 grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
                 optimizer.step()
                 accumulator.zero_gradients()
