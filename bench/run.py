@@ -32,6 +32,7 @@ import csv
 import datetime
 import importlib.metadata
 import json
+import multiprocessing
 import os
 import pathlib
 import platform
@@ -45,6 +46,7 @@ import time
 
 import moolib
 import numpy as np
+import psutil
 import torch
 from omegaconf import OmegaConf
 
@@ -55,7 +57,7 @@ from examples.vtrace.models import create_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results.json"
-PARTS = ["env", "learner", "agent", "scaling", "a2c", "sb3"]
+PARTS = ["limits", "agent", "scaling", "a2c", "sb3"]
 
 # One set of settings for the three V-trace measurements, and the README's CPU command line.
 # Sized for 2 cores: see the tuning notes in the final report of issue 6.
@@ -209,10 +211,7 @@ def experiment_flags(settings):
 
 
 def measure_env_limit(env_name, settings, warmup, seconds):
-    """Env steps per second of EnvPool alone, stepped like the agent steps it.
-
-    Must run before anything in this process starts threads: EnvPool forks its workers.
-    """
+    """Env steps per second of EnvPool alone, stepped like the agent steps it."""
     B, num_batches = settings["actor_batch_size"], settings["num_actor_batches"]
     factory = EnvFactory(env_name, seed=12345)
     num_actions = factory.spaces()[1].n
@@ -296,6 +295,37 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds):
         "learner_step_seconds": elapsed / steps,
         "learner_steps": steps,
     }
+
+
+def in_fresh_process(fn, *args):
+    """fn(*args) in a newly started interpreter: EnvPool forks its workers, which moolib refuses
+    in a process that has threads already, and each measurement starts from a clean process."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def measure_limits(env_name, settings, mode):
+    env = in_fresh_process(
+        measure_env_limit, env_name, settings, mode["env_warmup"], mode["env_seconds"]
+    )
+    learner = in_fresh_process(
+        measure_learner_limit,
+        env_name,
+        settings,
+        mode["learner_warmup_steps"],
+        mode["learner_seconds"],
+    )
+    return {**env, **learner}
+
+
+def combine_limits(before, after):
+    """Each limit as the mean of its measurements before and after the agent run."""
+    combined = {}
+    for key in ["env_limit_sps", "learner_limit_sps"]:
+        runs = [before[key], after[key]]
+        combined[key] = statistics.fmean(runs)
+        combined[key.replace("_sps", "_runs")] = [round(x, 1) for x in runs]
+    return combined
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,7 +450,8 @@ def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, g
     """Run peers until each has logged `seconds` past `warmup` with all of them joined.
 
     The first peer's memory is sampled every second meanwhile. Returns (rows per peer,
-    memory samples [(seconds since start, RSS MB, after warm-up)], peak RSS MB, commands).
+    memory: samples [(seconds since start, RSS MB, after warm-up)], peak RSS MB and the RSS of
+    its EnvPool workers at the end, commands).
     """
     with contextlib.ExitStack() as stack:
         peers = start_peers(stack, workdir, env_name, peer_settings, log_interval, group)
@@ -439,7 +470,8 @@ def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, g
                 samples.append((time.monotonic() - start, rss, steady))
                 peak = proc_status_mb(first_pid, "VmHWM")
             if all(peer and peer[-1]["time"] >= warmup + seconds for peer in joined):
-                return rows, samples, peak, [cmd for *_, cmd in peers]
+                memory = {"samples": samples, "peak": peak, "workers": workers_rss_mb(first_pid)}
+                return rows, memory, [cmd for *_, cmd in peers]
             waited = time.monotonic() - start
             if not all(rows) and waited > STARTUP_SECONDS:
                 output = tail(workdir / "peer0.out")
@@ -448,13 +480,27 @@ def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, g
                 raise RuntimeError(f"the peers log too slowly; see {workdir}")
 
 
-def memory_summary(samples, peak):
+def workers_rss_mb(pid):
+    """Summed RSS of a peer's EnvPool worker processes (shared pages count in each)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    total = 0
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return round(total / 2**20, 1)
+
+
+def memory_summary(memory):
     """Peak RSS, and how RSS grows after the warm-up.
 
     RSS swings by hundreds of MB within a learner step (activations are allocated and given
     back), so growth compares the medians of the first and last quarter of the samples, and
     the slope is a least-squares fit over all of them.
     """
+    samples, peak = memory["samples"], memory["peak"]
     steady = [(t, rss) for t, rss, after_warmup in samples if after_warmup] or [
         (t, rss) for t, rss, _ in samples
     ]
@@ -464,6 +510,7 @@ def memory_summary(samples, peak):
     times, values = zip(*steady, strict=True)
     return {
         "peak_rss_mb": round(peak, 1) if peak else None,
+        "env_workers_rss_mb": memory["workers"],
         "rss_first_quarter_mb": round(first, 1),
         "rss_last_quarter_mb": round(last, 1),
         "rss_growth_mb": round(last - first, 1),
@@ -477,7 +524,7 @@ def memory_summary(samples, peak):
 def measure_agent(env_name, settings, mode):
     warmup = mode["agent_warmup"]
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
-        rows, samples, peak, cmds = run_peers(
+        rows, memory, cmds = run_peers(
             pathlib.Path(tmp),
             env_name,
             [settings],
@@ -495,14 +542,14 @@ def measure_agent(env_name, settings, mode):
         "agent_warmup_seconds": warmup,
         "agent_cmd": " ".join(cmds[0][1:]),
     }
-    return agent, memory_summary(samples, peak)
+    return agent, memory_summary(memory)
 
 
 def measure_scaling(env_name, settings, mode, one_peer_sps):
     """Two peers of one group, each with half the actor processes, against one peer."""
     half = dict(settings, num_actor_cpus=max(1, settings["num_actor_cpus"] // 2))
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
-        rows, _, _, _ = run_peers(
+        rows, _, _ = run_peers(
             pathlib.Path(tmp),
             env_name,
             [half, half],
@@ -688,10 +735,11 @@ def notes(mode, parts, settings):
             if mode != "long"
             else "memory: 10-minute run (--long); rss_slope_mb_per_min is the growth check."
         )
-    if "env" in parts or "learner" in parts:
+    if "limits" in parts:
         text.append(
-            "env and learner limits each have the machine to themselves; the agent runs "
-            "acting, learning and the env workers on the same cores at once."
+            "env and learner limits: means of one measurement before and one after the agent "
+            "run, each with the machine to itself; the agent runs acting, learning and the "
+            "env workers on the same cores at once."
         )
     if "a2c" in parts or "sb3" in parts:
         text.append(
@@ -709,6 +757,8 @@ def notes(mode, parts, settings):
 
 def main(argv=None):
     args = parse_args(argv)
+    # Unwind on SIGTERM as on Ctrl-C, so that the peers and brokers started here are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     mode = MODES[args.mode]
     results = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -722,7 +772,6 @@ def main(argv=None):
         "notes": notes(args.mode, args.parts, args.settings),
     }
     timings = {}
-    v = results["vtrace"]
 
     def timed(part, fn, *fn_args):
         print(f"[bench] {part} ...", flush=True)
@@ -732,34 +781,17 @@ def main(argv=None):
         print(f"[bench] {part}: {timings[part]:.0f} s", flush=True)
         return value
 
-    # The env limit comes first: EnvPool forks, which moolib refuses once threads exist.
-    if "env" in args.parts:
-        v.update(
-            timed(
-                "env",
-                measure_env_limit,
-                args.env,
-                args.settings,
-                mode["env_warmup"],
-                mode["env_seconds"],
-            )
-        )
-    if "learner" in args.parts:
-        v.update(
-            timed(
-                "learner",
-                measure_learner_limit,
-                args.env,
-                args.settings,
-                mode["learner_warmup_steps"],
-                mode["learner_seconds"],
-            )
-        )
+    v = results["vtrace"]
+    if "limits" in args.parts:
+        v.update(timed("limits", measure_limits, args.env, args.settings, mode))
     if "agent" in args.parts or "scaling" in args.parts:
         agent, memory = timed("agent", measure_agent, args.env, args.settings, mode)
         v.update(agent)
         results["memory"] = memory
-    if {"env_limit_sps", "learner_limit_sps", "agent_sps"} <= v.keys():
+    if "limits" in args.parts and "agent" in args.parts:
+        # Again after the agent: the machine's load drifts, and the agent ran in between.
+        again = timed("limits again", measure_limits, args.env, args.settings, mode)
+        v.update(combine_limits(v, again))
         v["ratio"] = v["agent_sps"] / min(v["env_limit_sps"], v["learner_limit_sps"])
     if "scaling" in args.parts:
         results["scaling"] = timed(
