@@ -38,7 +38,11 @@ class Child:
     def __init__(self, args, name, cwd=None, env=None):
         self.name = name
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-        full_env.update(env or {})
+        for key, value in (env or {}).items():  # None removes a variable
+            if value is None:
+                full_env.pop(key, None)
+            else:
+                full_env[key] = value
         self.proc = subprocess.Popen(
             args,
             cwd=cwd or REPO,

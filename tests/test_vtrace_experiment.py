@@ -2,6 +2,7 @@
 
 import csv
 import math
+import pathlib
 import signal
 import subprocess
 import sys
@@ -173,3 +174,19 @@ def test_resume_after_sigterm(children, broker, tmp_path):
     rows = read_rows(savedir / "peers" / "second" / "logs.tsv")
     assert int(rows[0]["model_version"]) > saved["model_version"]
     assert int(rows[0]["env_train_steps"]) > saved["env_train_steps"]
+
+
+@pytest.mark.slow
+def test_wandb_without_an_api_key_runs_offline(children, broker, tmp_path):
+    savedir = tmp_path / "wandb"
+    home = tmp_path / "home"  # no ~/.netrc, no stored login
+    home.mkdir()
+    args = experiment(broker, savedir, *CARTPOLE, "total_steps=2000", "wandb=true", "local_name=w")
+    env = {"HOME": str(home), "WANDB_API_KEY": None, "WANDB_MODE": None}
+    peer = children(args, "wandb-peer", env=env)
+    assert peer.wait(timeout=180) == 0, peer.output
+    line = next((s for s in peer.lines if s.startswith("wandb: offline run in")), None)
+    assert line, peer.output
+    run_dir = pathlib.Path(line.split(" in ", 1)[1].split(";")[0])
+    assert run_dir.is_dir() and run_dir.name.startswith("offline-run-")
+    assert str(savedir) in str(run_dir)

@@ -234,7 +234,8 @@ def start_wandb(flags):
         mode = "offline"
         run = wandb.init(mode=mode, **kwargs)
     if mode == "offline":
-        print(f"wandb: offline run in {run.dir}; upload later with `wandb sync {run.dir}/..`")
+        run_dir = pathlib.Path(run.dir).parent  # run.dir is the run's files/ folder
+        print(f"wandb: offline run in {run_dir}; upload it later with `wandb sync {run_dir}`")
     return run
 
 
