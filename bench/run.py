@@ -59,8 +59,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results.json"
 PARTS = ["limits", "agent", "scaling", "a2c", "sb3"]
 
-# One set of settings for the three V-trace measurements, and the README's CPU command line.
-# Sized for 2 cores: see the tuning notes in the final report of issue 6.
+# One set of settings for the three V-trace measurements; also the README's 2-core command line.
+# Small batches: on a CPU the per-sample cost of the ResNet grows with the batch (caches), and
+# the agent acts and learns in one thread. One torch thread: a second one only spins against the
+# env processes. Tried on 2 cores: see `--set` to try others.
 VTRACE_SETTINGS = {
     "actor_batch_size": 8,
     "num_actor_batches": 2,
@@ -71,40 +73,18 @@ VTRACE_SETTINGS = {
     "torch_threads": 1,
 }
 
-# Durations in seconds and sizes per mode. Agent warm-up skips start-up, the first learner
-# steps and the group forming; a measurement window of several log rows gives a stable slope.
+# Durations in seconds, sizes in env steps. The agent's warm-up skips start-up, the first learner
+# steps and the group forming; its window holds enough log rows for a steady slope.
 MODES = {
-    "smoke": dict(
-        env_warmup=2,
-        env_seconds=5,
-        learner_warmup_steps=1,
-        learner_seconds=5,
-        agent_warmup=10,
-        agent_seconds=15,
-        scaling_warmup=10,
-        scaling_seconds=15,
-        log_interval=2,
-        a2c_steps=5_000,
-        a2c_seeds=[0],
-        sb3_steps=5_000,
-        sb3_seeds=[0],
-    ),
-    "quick": dict(
-        env_warmup=5,
-        env_seconds=20,
-        learner_warmup_steps=2,
-        learner_seconds=20,
-        agent_warmup=20,
-        agent_seconds=90,
-        scaling_warmup=20,
-        scaling_seconds=60,
-        log_interval=5,
-        a2c_steps=100_000,
-        a2c_seeds=[0, 1, 2],
-        sb3_steps=100_000,
-        sb3_seeds=[0, 1, 2],
-    ),
-}
+    "smoke": dict(env_warmup=2, env_seconds=5, learner_warmup_steps=1, learner_seconds=5,
+                  agent_warmup=10, agent_seconds=15, scaling_warmup=10, scaling_seconds=15,
+                  log_interval=2, a2c_steps=5_000, a2c_seeds=[0], sb3_steps=5_000,
+                  sb3_seeds=[0]),
+    "quick": dict(env_warmup=5, env_seconds=20, learner_warmup_steps=2, learner_seconds=20,
+                  agent_warmup=20, agent_seconds=90, scaling_warmup=20, scaling_seconds=60,
+                  log_interval=5, a2c_steps=100_000, a2c_seeds=[0, 1, 2], sb3_steps=100_000,
+                  sb3_seeds=[0, 1, 2]),
+}  # fmt: skip
 MODES["long"] = dict(MODES["quick"], agent_seconds=600)
 
 # Time allowed for a peer to start (imports, env creation, connecting) before its log must grow.
@@ -136,9 +116,9 @@ def parse_args(argv=None):
         p.error(f"--only: unknown parts {unknown}; choose from {PARTS}")
     args.settings = dict(VTRACE_SETTINGS)
     for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or key not in VTRACE_SETTINGS:
-            p.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {list(VTRACE_SETTINGS)}")
+        key, _, value = item.partition("=")
+        if key not in VTRACE_SETTINGS or not value.isdigit():
+            p.error(f"--set {item!r}: expected KEY=N with KEY one of {list(VTRACE_SETTINGS)}")
         args.settings[key] = int(value)
     return args
 
@@ -364,16 +344,17 @@ def tail(path, lines=15):
     return ""
 
 
-def read_log(path):
-    """Rows of a peer's logs.tsv as dicts of floats; none while the file is not there yet."""
+def read_log(path, columns=("time", "env_train_steps", "peers", "SPS")):
+    """The numbers in `columns` of each row of a peer's logs.tsv; none before it exists."""
     if not path.exists():
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     parsed = []
-    for row in rows[:-1] if rows and None in rows[-1].values() else rows:  # a half-written row
+    for row in rows:
+        # A row still being written lacks its last fields, which DictReader fills with None.
         with contextlib.suppress(TypeError, ValueError):
-            parsed.append({key: float(value) for key, value in row.items()})
+            parsed.append({key: float(row[key]) for key in columns})
     return parsed
 
 
@@ -381,19 +362,18 @@ def slope(xs, ys):
     """Least-squares slope of ys over xs."""
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mean_x) ** 2 for x in xs)
-    return (
-        sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
-        if sxx
-        else float("nan")
-    )
+    if not sxx:
+        return float("nan")
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
 def train_rate(rows, warmup, peers=1):
     """env_train_steps per second over the rows after the warm-up (with all peers joined)."""
     rows = [r for r in rows if r["time"] >= warmup and r["peers"] >= peers]
-    if len(rows) < 2:
-        return float("nan")
-    return slope([r["time"] for r in rows], [r["env_train_steps"] for r in rows])
+    rate = slope([r["time"] for r in rows], [r["env_train_steps"] for r in rows])
+    if not rate > 0:
+        raise RuntimeError(f"no training progress in the {len(rows)} log rows after the warm-up")
+    return rate
 
 
 def proc_status_mb(pid, field):
@@ -477,7 +457,8 @@ def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, g
                 output = tail(workdir / "peer0.out")
                 raise RuntimeError(f"no log rows after {STARTUP_SECONDS} s:\n{output}")
             if waited > STARTUP_SECONDS + 3 * (warmup + seconds):
-                raise RuntimeError(f"the peers log too slowly; see {workdir}")
+                output = tail(workdir / "peer0.out")
+                raise RuntimeError(f"the peers log too slowly:\n{output}")
 
 
 def workers_rss_mb(pid):
@@ -639,6 +620,10 @@ def measure_sb3(steps, seeds):
 # Report
 
 
+def plural(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def table_rows(results):
     """(measurement, value) pairs for whatever was measured."""
     v, a, m, s = (results.get(k, {}) for k in ["vtrace", "a2c", "memory", "scaling"])
@@ -679,7 +664,7 @@ def table_rows(results):
         )
     key = next((k for k in a if k.startswith("mean_return_")), None)
     if key:
-        seeds = "seed" if len(a["runs"]) == 1 else f"{len(a['runs'])} seeds"
+        seeds = plural(len(a["runs"]), "seed")
         rows.append(
             (
                 f"A2C CartPole, a2c.py (8 envs): SPS / return at {key[12:]}, {seeds}",
@@ -688,7 +673,7 @@ def table_rows(results):
         )
     key = next((k for k in a if k.startswith("sb3_mean_return_")), None)
     if key:
-        seeds = "seed" if len(a["sb3_runs"]) == 1 else f"{len(a['sb3_runs'])} seeds"
+        seeds = plural(len(a["sb3_runs"]), "seed")
         rows.append(
             (
                 f"A2C CartPole, SB3 (8 envs): SPS / return at {key[16:]}, {seeds}",
@@ -707,7 +692,7 @@ def markdown_table(results, rows):
     m = results["machine"]
     settings = " ".join(f"{k}={v}" for k, v in results["settings"].items())
     lines = [
-        f"Measured {results['date']} ({results['mode']} mode) on {m['platform']}, {m['cpu']}, "
+        f"Measured {results['date'][:10]} ({results['mode']} mode) on {m['platform']}, {m['cpu']}, "
         f"{m['cores']} cores; torch {m['torch']}, moolib {m['moolib']}. V-trace settings: "
         f"`{settings}`.",
         "",
@@ -743,8 +728,10 @@ def notes(mode, parts, settings):
         )
     if "a2c" in parts or "sb3" in parts:
         text.append(
-            "a2c.py uses its defaults (LSTM core, 2 EnvPool processes); SB3 uses its "
-            "default MlpPolicy (no LSTM) with DummyVecEnv in one process."
+            "a2c: a2c.py keeps its defaults (LSTM core, 2 EnvPool worker processes, unroll 5) "
+            "and, with --batch-size 4, takes an optimizer step every 4 x 5 = 20 env steps; SB3 "
+            "uses its defaults (MlpPolicy without LSTM, all 8 envs in this process through "
+            "DummyVecEnv, n_steps 5) and steps every 8 x 5 = 40."
         )
     if "scaling" in parts:
         half = max(1, settings["num_actor_cpus"] // 2)
@@ -755,11 +742,52 @@ def notes(mode, parts, settings):
     return text
 
 
+def run_parts(args, mode, results):
+    """Measure the parts asked for into results; a part that fails is noted in
+    results["errors"] and the others still run."""
+    timings, errors, v = results["timings_seconds"], results["errors"], results["vtrace"]
+
+    def timed(part, fn, *fn_args):
+        print(f"[bench] {part} ...", flush=True)
+        start = time.monotonic()
+        try:
+            return fn(*fn_args)
+        except Exception as e:  # report it and go on: the other parts are still worth having
+            errors[part] = f"{type(e).__name__}: {e}"
+            print(f"[bench] {part} failed: {errors[part]}", file=sys.stderr, flush=True)
+            return None
+        finally:
+            timings[part] = round(time.monotonic() - start, 1)
+            print(f"[bench] {part}: {timings[part]:.0f} s", flush=True)
+
+    if "limits" in args.parts:
+        v.update(timed("limits", measure_limits, args.env, args.settings, mode) or {})
+    if "agent" in args.parts or "scaling" in args.parts:
+        agent = timed("agent", measure_agent, args.env, args.settings, mode)
+        if agent:
+            v.update(agent[0])
+            results["memory"] = agent[1]
+    if "limits" in args.parts and "agent" in args.parts:
+        # Again after the agent: the machine's speed drifts, and the agent ran in between.
+        again = timed("limits again", measure_limits, args.env, args.settings, mode)
+        if again and "learner_limit_sps" in v:
+            v.update(combine_limits(v, again))
+    if {"env_limit_sps", "learner_limit_sps", "agent_sps"} <= v.keys():
+        v["ratio"] = v["agent_sps"] / min(v["env_limit_sps"], v["learner_limit_sps"])
+    if "scaling" in args.parts and "agent_sps" in v:
+        scaling = timed("scaling", measure_scaling, args.env, args.settings, mode, v["agent_sps"])
+        if scaling:
+            results["scaling"] = scaling
+    if "a2c" in args.parts:
+        results["a2c"].update(timed("a2c", measure_a2c, mode["a2c_steps"], mode["a2c_seeds"]) or {})
+    if "sb3" in args.parts:
+        results["a2c"].update(timed("sb3", measure_sb3, mode["sb3_steps"], mode["sb3_seeds"]) or {})
+
+
 def main(argv=None):
     args = parse_args(argv)
     # Unwind on SIGTERM as on Ctrl-C, so that the peers and brokers started here are stopped.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
-    mode = MODES[args.mode]
     results = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "mode": args.mode,
@@ -770,40 +798,11 @@ def main(argv=None):
         "vtrace": {},
         "a2c": {},
         "notes": notes(args.mode, args.parts, args.settings),
+        "errors": {},
+        "timings_seconds": {},
     }
-    timings = {}
-
-    def timed(part, fn, *fn_args):
-        print(f"[bench] {part} ...", flush=True)
-        start = time.monotonic()
-        value = fn(*fn_args)
-        timings[part] = round(time.monotonic() - start, 1)
-        print(f"[bench] {part}: {timings[part]:.0f} s", flush=True)
-        return value
-
-    v = results["vtrace"]
-    if "limits" in args.parts:
-        v.update(timed("limits", measure_limits, args.env, args.settings, mode))
-    if "agent" in args.parts or "scaling" in args.parts:
-        agent, memory = timed("agent", measure_agent, args.env, args.settings, mode)
-        v.update(agent)
-        results["memory"] = memory
-    if "limits" in args.parts and "agent" in args.parts:
-        # Again after the agent: the machine's load drifts, and the agent ran in between.
-        again = timed("limits again", measure_limits, args.env, args.settings, mode)
-        v.update(combine_limits(v, again))
-        v["ratio"] = v["agent_sps"] / min(v["env_limit_sps"], v["learner_limit_sps"])
-    if "scaling" in args.parts:
-        results["scaling"] = timed(
-            "scaling", measure_scaling, args.env, args.settings, mode, v["agent_sps"]
-        )
-    if "a2c" in args.parts:
-        results["a2c"].update(timed("a2c", measure_a2c, mode["a2c_steps"], mode["a2c_seeds"]))
-    if "sb3" in args.parts:
-        results["a2c"].update(timed("sb3", measure_sb3, mode["sb3_steps"], mode["sb3_seeds"]))
-
+    run_parts(args, MODES[args.mode], results)
     results["load_average_end"] = os.getloadavg()
-    results["timings_seconds"] = timings
     rows = table_rows(results)
     results["markdown"] = markdown_table(results, rows)
     save(results, args.out)
@@ -811,8 +810,11 @@ def main(argv=None):
     print(plain_table(rows))
     print()
     print(results["markdown"])
-    print(f"\n{args.out} written; took {sum(timings.values()) / 60:.1f} min")
-    return 0
+    minutes = sum(results["timings_seconds"].values()) / 60
+    print(f"\n{args.out} written; took {minutes:.1f} min")
+    for part, error in results["errors"].items():
+        print(f"error in {part}: {error}", file=sys.stderr)
+    return 1 if results["errors"] else 0
 
 
 if __name__ == "__main__":
