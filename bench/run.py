@@ -480,17 +480,17 @@ def memory_summary(memory):
     """Peak RSS, and how RSS grows after the warm-up.
 
     RSS swings by hundreds of MB within a learner step (activations are allocated and given
-    back), so growth compares the medians of the first and last quarter of the samples, and
-    the slope is a least-squares fit over all of them.
+    back), so growth compares the medians of the first and last quarter of the samples, the
+    slope is a least-squares fit over all of them, and the floor (the lowest RSS, between
+    learner steps) of the first and last half shows a leak with the least noise.
     """
     samples, peak = memory["samples"], memory["peak"]
     steady = [(t, rss) for t, rss, after_warmup in samples if after_warmup] or [
         (t, rss) for t, rss, _ in samples
     ]
-    quarter = max(1, len(steady) // 4)
-    first = statistics.median(rss for _, rss in steady[:quarter])
-    last = statistics.median(rss for _, rss in steady[-quarter:])
     times, values = zip(*steady, strict=True)
+    quarter, half = len(values) // 4 or 1, len(values) // 2 or 1
+    first, last = statistics.median(values[:quarter]), statistics.median(values[-quarter:])
     return {
         "peak_rss_mb": round(peak, 1) if peak else None,
         "env_workers_rss_mb": memory["workers"],
@@ -498,6 +498,7 @@ def memory_summary(memory):
         "rss_last_quarter_mb": round(last, 1),
         "rss_growth_mb": round(last - first, 1),
         "rss_slope_mb_per_min": round(slope(times, values) * 60, 2),
+        "rss_floor_growth_mb": round(min(values[half:]) - min(values[:half]), 1),
         "measured_minutes": round((times[-1] - times[0]) / 60, 1),
         # One sample every ~5 s is plenty for a plot and keeps the file small.
         "rss_samples": [(round(t), round(rss, 1)) for t, rss, _ in samples[::5]],
