@@ -36,7 +36,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[test,bench]'
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 broker: $(STAMP)
 	$(PY) -m moolib.broker

@@ -53,7 +53,7 @@ import torch
 from omegaconf import OmegaConf
 
 from examples.common.address import with_free_port
-from examples.common.envs import EnvFactory
+from examples.common.envs import EnvFactory, check_env_name
 from examples.vtrace.experiment import compute_loss
 from examples.vtrace.models import create_model
 
@@ -116,6 +116,10 @@ def parse_args(argv=None):
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown:
         p.error(f"--only: unknown parts {unknown}; choose from {PARTS}")
+    try:
+        check_env_name(args.env)
+    except ValueError as e:
+        p.error(f"--env: {e}")
     args.settings = dict(VTRACE_SETTINGS)
     for item in args.set:
         key, _, value = item.partition("=")
@@ -650,9 +654,9 @@ def table_rows(results):
         rows.append(("V-trace peer: peak RSS (VmHWM)", f"{m['peak_rss_mb']:.0f} MB"))
         rows.append(
             (
-                "V-trace peer: RSS growth after warm-up",
-                f"{m['rss_growth_mb']:+.0f} MB in {m['measured_minutes']:.1f} min "
-                f"({m['rss_slope_mb_per_min']:+.1f} MB/min)",
+                f"V-trace peer: RSS growth over {m['measured_minutes']:.1f} min after warm-up",
+                f"floor {m['rss_floor_growth_mb']:+.0f} MB, median {m['rss_growth_mb']:+.0f} MB "
+                f"(fit {m['rss_slope_mb_per_min']:+.1f} MB/min)",
             )
         )
     for who, prefix, runs, sps in [
@@ -704,9 +708,9 @@ def notes(mode, parts, settings):
         minutes = MODES[mode]["agent_seconds"] / 60
         text.append(
             f"memory: the agent ran {minutes:.1f} min after a {MODES[mode]['agent_warmup']} s "
-            "warm-up; the issue's 10-minute no-growth check is `--long`."
-            if mode != "long"
-            else "memory: 10-minute run (--long); rss_slope_mb_per_min is the growth check."
+            "warm-up (the issue's 10-minute no-growth check is `--long`). RSS swings by a few "
+            "hundred MB with every learner step; rss_floor_growth_mb, the change of the lowest "
+            "RSS from the first to the second half, is the least noisy sign of a leak."
         )
     if "limits" in parts:
         text.append(
@@ -755,10 +759,10 @@ def run_parts(args, mode, results):
         if agent:
             v.update(agent[0])
             results["memory"] = agent[1]
-    if "limits" in args.parts and "agent" in args.parts:
+    if "learner_limit_sps" in v and "agent_sps" in v:
         # Again after the agent: the machine's speed drifts, and the agent ran in between.
         again = timed("limits again", measure_limits, args.env, args.settings, mode)
-        if again and "learner_limit_sps" in v:
+        if again:
             v.update(combine_limits(v, again))
     if {"env_limit_sps", "learner_limit_sps", "agent_sps"} <= v.keys():
         v["ratio"] = v["agent_sps"] / min(v["env_limit_sps"], v["learner_limit_sps"])
