@@ -9,11 +9,14 @@ Every process started with the same entity/project/group joins the same moolib G
 their gradients through an Accumulator, a newcomer receives the leader's learner state, and the
 leader writes checkpoints to savedir. Each peer logs to its own localdir/logs.tsv.
 
-One thread does everything, in one loop: act on one batch of envs while the other batch steps in
-the EnvPool worker processes, hand finished unrolls to a Batcher, learn from a learner batch when
-the Accumulator wants gradients, and step the optimizer when the group's reduced gradients arrive.
+One loop drives everything: act on one batch of envs while the other batch steps in the EnvPool
+worker processes, hand finished unrolls to a Batcher, start learning from a learner batch when the
+Accumulator wants gradients, and step the optimizer when the group's reduced gradients arrive.
+The loss and backward of a batch run in a second thread, so that acting goes on meanwhile (torch
+lets go of the GIL inside its kernels); the loop hands their gradients to the Accumulator.
 """
 
+import concurrent.futures
 import math
 import os
 import pathlib
@@ -184,6 +187,20 @@ def compute_loss(flags, model, batch):
     return total, stats
 
 
+def backward(flags, model, batch):
+    """The gradients and losses of one learner batch; runs in the learner thread.
+
+    The gradients are returned rather than left in .grad: the Accumulator writes the group's
+    reduced gradients there, from the main thread, whenever they arrive.
+    """
+    loss, losses = compute_loss(flags, model, batch)
+    params = list(model.parameters())
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return [
+        torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+    ], losses
+
+
 def load_checkpoint(flags, learner):
     """Resume from savedir/checkpoint.tar if there is one; returns its model version or None."""
     path = pathlib.Path(flags.savedir) / "checkpoint.tar"
@@ -315,6 +332,9 @@ def run(flags):
     stats_future, sent_stats, last_stats = None, Stats(), start
     last_wait_note = start - 7  # first note after 3 s: connecting takes a moment
     actor = 0
+    learner_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
+    learning = None  # (future of backward(), the group's sync id when it started)
+    gradients = None  # (gradients from backward() not yet handed to the Accumulator, sync id)
 
     while not stop:
         group.update()
@@ -379,18 +399,38 @@ def run(flags):
                 unroll_core[actor] = core_before
             actor = (actor + 1) % flags.num_actor_batches
 
-        # Learn when the Accumulator takes gradients; the reduction then runs in the background.
-        if accumulator.wants_gradients() and not learn_batcher.empty():
+        # Learn when the Accumulator takes gradients: backward in the learner thread, then the
+        # all-reduce of the gradients in the background. Acting goes on through both.
+        if learning is not None and learning[0].done():
+            future, sync_id = learning
+            learning = None
+            if group.sync_id() == sync_id:
+                grads, losses = future.result()
+                gradients = grads, sync_id
+            else:
+                # The group changed under the backward, and new weights may have been written
+                # into the model while it ran (it may even have failed): drop the batch.
+                future.exception()
+                local.add("dropped_batches", 1)
+        if gradients is not None and accumulator.wants_gradients():
+            grads, sync_id = gradients
+            gradients = None
+            if group.sync_id() == sync_id:
+                for param, grad in zip(model.parameters(), grads, strict=True):
+                    param.grad.copy_(grad)
+                accumulator.reduce_gradients(flags.batch_size)
+            else:
+                local.add("dropped_batches", 1)
+        if (learning is None and gradients is None and accumulator.wants_gradients()
+                and not learn_batcher.empty()):  # fmt: skip
             batch = learn_batcher.get()
             queued_samples -= flags.batch_size
-            loss, losses = compute_loss(flags, model, batch)
-            model.zero_grad(set_to_none=False)
-            loss.backward()
-            accumulator.reduce_gradients(flags.batch_size)
+            learning = learner_thread.submit(backward, flags, model, batch), group.sync_id()
         elif queued_samples >= max_queued:
-            time.sleep(0.001)  # waiting for the group's gradients
+            time.sleep(0.001)  # waiting for the learner or the group's gradients
 
-        if accumulator.has_gradients():
+        # The optimizer changes the weights in place: never while a backward reads them.
+        if learning is None and accumulator.has_gradients():
             virtual_batch = accumulator.get_gradient_stats()["batch_size"]
             learner.env_train_steps += virtual_batch * T
             for group_ in optimizer.param_groups:
@@ -432,6 +472,7 @@ def run(flags):
                 "grad_norm": float(grad_norm),
                 **losses,
                 "dropped_unrolls": local.sum("dropped_unrolls"),
+                "dropped_batches": local.sum("dropped_batches"),
                 "time": now - start,
             }
             log.write(row)
@@ -453,6 +494,9 @@ def run(flags):
             if history:
                 last_history = now
 
+    if learning is not None:
+        learning[0].exception()  # let the backward finish before the weights are saved
+    learner_thread.shutdown()
     if accumulator.is_leader() or not accumulator.connected():
         save_checkpoint(flags, learner, accumulator.model_version())
         print(f"Checkpoint written to {flags.savedir}/checkpoint.tar")
