@@ -213,7 +213,7 @@ def main(argv=None):
 
     rpc = moolib.Rpc()
     rpc.set_name(f"a2c-{moolib.create_uid()}")
-    broker = None
+    broker = broker_rpc = None
     if args.connect:
         broker_address = args.connect
     else:
@@ -234,6 +234,9 @@ def main(argv=None):
     log = TsvLog(args.logfile)
     print(f"Logging to {log.path}")
     stop = []
+    # Ctrl-C and SIGTERM end the loop at its next turn: a KeyboardInterrupt raised inside one of
+    # moolib's calls back into Python can be lost there.
+    signal.signal(signal.SIGINT, lambda *_: stop.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
 
     core_states = [model.initial_state(args.batch_size) for _ in range(args.num_batches)]
@@ -359,8 +362,6 @@ def main(argv=None):
                 )
                 last_print, steps_at_last_print = now, steps
             batch = (batch + 1) % args.num_batches
-    except KeyboardInterrupt:
-        stop.append("Ctrl-C")
     finally:
         log.close()
 
@@ -371,6 +372,8 @@ def main(argv=None):
         f"{reason}: {steps} steps in {elapsed:.0f} s ({steps / max(elapsed, 1e-9):.0f} SPS), "
         f"mean return of the last {len(finished_returns)} episodes {recent:.1f}; log: {log.path}"
     )
+    # moolib's objects point at each other: free them newest first, not in Python's order.
+    del accumulator, group, rpc, broker, broker_rpc
     return 0
 
 

@@ -505,6 +505,8 @@ def run(flags):
         wandb_run.finish()
     print(f"Stopped ({stop[0]}) at {learner.env_train_steps} env steps trained, "
           f"model version {accumulator.model_version()}")  # fmt: skip
+    # moolib's objects point at each other: free them newest first, not in Python's order.
+    del learn_batcher, accumulator, group, rpc
     return 0
 
 
