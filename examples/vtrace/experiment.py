@@ -17,6 +17,7 @@ lets go of the GIL inside its kernels); the loop hands their gradients to the Ac
 """
 
 import concurrent.futures
+import copy
 import math
 import os
 import pathlib
@@ -188,11 +189,9 @@ def compute_loss(flags, model, batch):
 
 
 def backward(flags, model, batch):
-    """The gradients and losses of one learner batch; runs in the learner thread.
-
-    The gradients are returned rather than left in .grad: the Accumulator writes the group's
-    reduced gradients there, from the main thread, whenever they arrive.
-    """
+    """The gradients and losses of one learner batch; runs in the learner thread, on the learner's
+    own copy of the model. The gradients are returned rather than left in .grad: the main thread
+    hands them to the Accumulator."""
     loss, losses = compute_loss(flags, model, batch)
     params = list(model.parameters())
     grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -333,6 +332,9 @@ def run(flags):
     last_wait_note = start - 7  # first note after 3 s: connecting takes a moment
     actor = 0
     learner_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
+    # The learner thread works on its own copy of the model, refreshed before every batch: the
+    # Accumulator and the optimizer change the weights in place whenever they need to.
+    learner_model = copy.deepcopy(model)
     learning = None  # (future of backward(), the group's sync id when it started)
     gradients = None  # (gradients from backward() not yet handed to the Accumulator, sync id)
 
@@ -404,13 +406,10 @@ def run(flags):
         if learning is not None and learning[0].done():
             future, sync_id = learning
             learning = None
+            grads, losses = future.result()
             if group.sync_id() == sync_id:
-                grads, losses = future.result()
                 gradients = grads, sync_id
-            else:
-                # The group changed under the backward, and new weights may have been written
-                # into the model while it ran (it may even have failed): drop the batch.
-                future.exception()
+            else:  # the group changed meanwhile and may have brought other weights: drop them
                 local.add("dropped_batches", 1)
         if gradients is not None and accumulator.wants_gradients():
             grads, sync_id = gradients
@@ -425,12 +424,12 @@ def run(flags):
                 and not learn_batcher.empty()):  # fmt: skip
             batch = learn_batcher.get()
             queued_samples -= flags.batch_size
-            learning = learner_thread.submit(backward, flags, model, batch), group.sync_id()
+            learner_model.load_state_dict(model.state_dict())
+            learning = learner_thread.submit(backward, flags, learner_model, batch), group.sync_id()
         elif queued_samples >= max_queued:
             time.sleep(0.001)  # waiting for the learner or the group's gradients
 
-        # The optimizer changes the weights in place: never while a backward reads them.
-        if learning is None and accumulator.has_gradients():
+        if accumulator.has_gradients():
             virtual_batch = accumulator.get_gradient_stats()["batch_size"]
             learner.env_train_steps += virtual_batch * T
             for group_ in optimizer.param_groups:
@@ -494,9 +493,7 @@ def run(flags):
             if history:
                 last_history = now
 
-    if learning is not None:
-        learning[0].exception()  # let the backward finish before the weights are saved
-    learner_thread.shutdown()
+    learner_thread.shutdown()  # waits for a running backward
     if accumulator.is_leader() or not accumulator.connected():
         save_checkpoint(flags, learner, accumulator.model_version())
         print(f"Checkpoint written to {flags.savedir}/checkpoint.tar")
