@@ -241,9 +241,8 @@ def main(argv=None):
 
     core_states = [model.initial_state(args.batch_size) for _ in range(args.num_batches)]
     rollouts = [Rollout(args.unroll_length, core_states[i]) for i in range(args.num_batches)]
-    pending = [
-        None
-    ] * args.num_batches  # a finished rollout waiting for the Accumulator to want gradients
+    # Per batch: a finished rollout waiting for the Accumulator to want gradients.
+    pending = [None] * args.num_batches
     episode_returns = torch.zeros(args.num_batches, args.batch_size)
     finished_returns = deque(maxlen=100)  # for the progress line
     new_returns = []  # episodes finished since the last log row
@@ -285,7 +284,7 @@ def main(argv=None):
                 optimizer.load_state_dict(state["optimizer"])
                 schedule = state["schedule"]
 
-            # Act on one batch of envs while the other batch steps in its worker processes.
+            # Act on one batch of envs while the other batches step in the worker processes.
             # Copy out: the result lives in shared memory that the next step of this batch reuses.
             env_out = {key: value.clone() for key, value in futures[batch].result().items()}
             with torch.inference_mode():

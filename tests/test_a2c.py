@@ -91,6 +91,7 @@ def test_default_address_is_loopback():
         (["--connect", "no-such-host.invalid:4431"], "cannot resolve"),
         (["--env", "NoSuchEnv-v9"], "unknown environment"),
         (["--lr", "-1"], "--lr"),
+        (["--num-batches", "0"], "--num-batches"),
     ],
 )
 def test_bad_flags_give_one_clear_line(flags, message, tmp_path):
@@ -101,6 +102,21 @@ def test_bad_flags_give_one_clear_line(flags, message, tmp_path):
     assert "Traceback" not in result.stderr
     assert message in result.stderr
     assert not (tmp_path / "logs.tsv").exists()
+
+
+@pytest.mark.slow
+def test_one_batch_mlp_learns_cartpole(tmp_path):
+    # The benchmark's layout: all 8 envs in one batch, no LSTM (and its own default rate).
+    args = [sys.executable, A2C, "--batch-size", "8", "--num-batches", "1", "--no-lstm"]
+    args += ["--total-steps", "40000", "--seed", "0"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = read_rows(tmp_path / "logs.tsv")
+    assert {r["virtual_batch_size"] for r in rows} == {"40"}  # 8 envs x 5 steps per update
+    finite = [float(r["mean_episode_return"]) for r in rows]
+    finite = [r for r in finite if not math.isnan(r)]
+    # Random play scores about 22.
+    assert sum(finite[-50:]) / 50 > 60, finite[-50:]
 
 
 @pytest.mark.slow
