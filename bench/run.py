@@ -56,7 +56,7 @@ from omegaconf import OmegaConf
 
 from examples.common.address import with_free_port
 from examples.common.envs import EnvFactory, check_env_name
-from examples.vtrace.experiment import compute_loss
+from examples.vtrace.experiment import compute_loss, create_optimizer
 from examples.vtrace.models import create_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -253,12 +253,7 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds):
         torch.set_num_threads(flags.torch_threads)
     observation_space, action_space = EnvFactory(env_name).spaces()
     model = create_model(observation_space, action_space.n, use_lstm=flags.use_lstm)
-    optimizer = torch.optim.Adam(
-        model.parameters(),
-        lr=flags.optimizer.learning_rate,
-        betas=(flags.optimizer.beta_1, flags.optimizer.beta_2),
-        eps=flags.optimizer.epsilon,
-    )
+    optimizer = create_optimizer(flags, model)
     T, B = flags.unroll_length, flags.batch_size
     batch = random_learner_batch(observation_space, action_space.n, T, B)
     if flags.use_lstm:
@@ -599,14 +594,12 @@ def run_a2c(flags, seed, workdir):
 def mean_return_at(logfile, step, episodes=100):
     """Mean return of the last `episodes` episodes that ended by env step `step`, from a2c.py's
     log (one row per optimizer step with the mean and count of the episodes ended since)."""
-    with open(logfile, newline="") as f:
-        rows = [r for r in csv.DictReader(f, delimiter="\t") if int(r["step"]) <= step]
+    rows = read_log(logfile, ("step", "mean_episode_return", "episodes"))
     total = count = 0.0
-    for row in reversed(rows):
-        n = int(row["episodes"])
-        if n:
-            total += float(row["mean_episode_return"]) * n
-            count += n
+    for row in reversed([r for r in rows if r["step"] <= step]):
+        if row["episodes"]:
+            total += row["mean_episode_return"] * row["episodes"]
+            count += row["episodes"]
         if count >= episodes:
             break
     return total / count if count else math.nan

@@ -188,16 +188,21 @@ def compute_loss(flags, model, batch):
     return total, stats
 
 
+def create_optimizer(flags, model):
+    return torch.optim.Adam(
+        model.parameters(),
+        lr=flags.optimizer.learning_rate,
+        betas=(flags.optimizer.beta_1, flags.optimizer.beta_2),
+        eps=flags.optimizer.epsilon,
+    )
+
+
 def backward(flags, model, batch):
     """The gradients and losses of one learner batch; runs in the learner thread, on the learner's
     own copy of the model. The gradients are returned rather than left in .grad: the main thread
     hands them to the Accumulator."""
     loss, losses = compute_loss(flags, model, batch)
-    params = list(model.parameters())
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return [
-        torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
-    ], losses
+    return torch.autograd.grad(loss, list(model.parameters())), losses
 
 
 def load_checkpoint(flags, learner):
@@ -279,12 +284,7 @@ def run(flags):
     )
     observation_space, action_space = env_factory.spaces()
     model = create_model(observation_space, action_space.n, use_lstm=flags.use_lstm).to(device)
-    optimizer = torch.optim.Adam(
-        model.parameters(),
-        lr=flags.optimizer.learning_rate,
-        betas=(flags.optimizer.beta_1, flags.optimizer.beta_2),
-        eps=flags.optimizer.epsilon,
-    )
+    optimizer = create_optimizer(flags, model)
     learner = Learner(model, optimizer)
     resumed_version = load_checkpoint(flags, learner)
     envs = moolib.EnvPool(
@@ -407,10 +407,7 @@ def run(flags):
             future, sync_id = learning
             learning = None
             grads, losses = future.result()
-            if group.sync_id() == sync_id:
-                gradients = grads, sync_id
-            else:  # the group changed meanwhile and may have brought other weights: drop them
-                local.add("dropped_batches", 1)
+            gradients = grads, sync_id
         if gradients is not None and accumulator.wants_gradients():
             grads, sync_id = gradients
             gradients = None
@@ -418,7 +415,7 @@ def run(flags):
                 for param, grad in zip(model.parameters(), grads, strict=True):
                     param.grad.copy_(grad)
                 accumulator.reduce_gradients(flags.batch_size)
-            else:
+            else:  # the group changed since the batch started and may have brought other weights
                 local.add("dropped_batches", 1)
         if (learning is None and gradients is None and accumulator.wants_gradients()
                 and not learn_batcher.empty()):  # fmt: skip
