@@ -12,6 +12,8 @@ STAMP := $(VENV)/.installed
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
+# numpy first: torch warns at import without it, and the moolib build imports torch.
+	$(PY) -m pip install -q numpy
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) scripts/build_moolib.py
 	$(PY) -m pip install -q -e '.[test]'
