@@ -28,6 +28,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests
 
+# The unit tests and the quick end-to-end checks: no agent is trained for real.
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -m "not slow"
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -10,16 +10,13 @@ import time
 
 import pytest
 import torch
-from conftest import REPO
+from helpers import REPO, read_rows
 
 from examples.a2c import Policy, a2c_loss, parse_args
 
 A2C = REPO / "examples" / "a2c.py"
 
 
-def read_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
 
 
 def test_loss_matches_a_hand_computation():

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, free_port
+from helpers import REPO, free_port
 
 moolib = pytest.importorskip("moolib", reason="moolib not built; run `make install`")
 
@@ -86,7 +86,7 @@ def test_envpool_steps_gymnasium_cartpole_through_the_adapter():
 def _run_rejoin_scenario(children, broker, tmp_path, rounds):
     """A leader trains on; a second peer joins `rounds` times with fresh random weights."""
     group = f"engine-{free_port()}"
-    script = REPO / "tests" / "engine_peer.py"
+    script = REPO / "tests" / "integration" / "engine_peer.py"
     common = ["--broker", broker, "--group", group]
     leader = children(
         [sys.executable, script, *common, "--name", "leader", "--seed", "1"]

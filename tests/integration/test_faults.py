@@ -7,8 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import free_port
-from test_vtrace_experiment import CARTPOLE, experiment
+from helpers import CARTPOLE, experiment, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +25,6 @@ def progress(child):
     return 0, 0, 0, None
 
 
-def wait_until(condition, timeout, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 def start_peer(children, broker, savedir, name, *extra):

@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
-from test_vtrace_experiment import CARTPOLE, read_rows
+from helpers import CARTPOLE, REPO, read_rows
 
 pytestmark = pytest.mark.slow
 

@@ -10,31 +10,13 @@ import sys
 import pytest
 import torch
 
-# CartPole settings that learn in a few hundred thousand steps on 2 cores.
-CARTPOLE = [
-    "env.name=CartPole-v1",
-    "actor_batch_size=16",
-    "num_actor_cpus=1",
-    "batch_size=16",
-    "virtual_batch_size=16",
-    "unroll_length=5",
-    "optimizer.learning_rate=0.002",
-    "entropy_cost=0.01",
-    "log_interval=2",
-]
+from examples.common import checkpoint
+from helpers import CARTPOLE, experiment, read_rows
 
 
-def experiment(broker, savedir, *overrides):
-    return [
-        sys.executable, "-m", "examples.vtrace.experiment",
-        f"connect={broker}", f"savedir={savedir}", "project=test", f"group={savedir.name}",
-        *overrides,
-    ]  # fmt: skip
 
 
-def read_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
+
 
 
 def peer_logs(savedir):
@@ -195,3 +177,34 @@ def test_wandb_without_an_api_key_runs_offline(children, broker, tmp_path):
     run_dir = pathlib.Path(line.split(" in ", 1)[1].split(";")[0])
     assert run_dir.is_dir() and run_dir.name.startswith("offline-run-")
     assert str(savedir) in str(run_dir)
+
+
+def start_cartpole_experiment(savedir):
+    """Run the experiment on savedir; it must stop at the checkpoint, before any connection."""
+    return subprocess.run(
+        [sys.executable, "-m", "examples.vtrace.experiment", "connect=127.0.0.1:1",
+         f"savedir={savedir}", "env.name=CartPole-v1"],
+        capture_output=True, text=True, timeout=120, cwd=savedir.parent,
+    )  # fmt: skip
+
+
+def test_experiment_refuses_a_corrupt_checkpoint_and_keeps_it(tmp_path):
+    savedir = tmp_path / "save"
+    savedir.mkdir()
+    damaged = savedir / "checkpoint.tar"
+    damaged.write_bytes(b"\x00" * 100)
+    result = start_cartpole_experiment(savedir)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert str(damaged) in result.stderr and "corrupt or truncated" in result.stderr
+    assert damaged.read_bytes() == b"\x00" * 100
+
+
+def test_experiment_refuses_a_checkpoint_of_another_env(tmp_path):
+    savedir = tmp_path / "save"
+    savedir.mkdir()
+    flags = {"env": {"name": "Acrobot-v1"}}
+    data = {"model": {}, "optimizer": {}, "model_version": 5, "flags": flags}
+    checkpoint.save_atomic(data, savedir / "checkpoint.tar")
+    result = start_cartpole_experiment(savedir)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "Acrobot-v1" in result.stderr and "CartPole-v1" in result.stderr

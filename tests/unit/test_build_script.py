@@ -6,7 +6,7 @@ import stat
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 SCRIPT = REPO / "scripts" / "build_moolib.py"
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from examples.plot import main, read_table, render, rolling_mean
 
-REPO = Path(__file__).resolve().parent.parent
 nan = np.nan
 
 

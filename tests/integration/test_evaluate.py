@@ -13,19 +13,13 @@ import sys
 
 import imageio
 import pytest
-from conftest import REPO, Child, free_port
+from helpers import CARTPOLE, REPO, Child, free_port, read_rows
 from omegaconf import OmegaConf
 
 from examples.common import checkpoint
 from examples.common.envs import make_env
 from examples.vtrace.models import create_model
 
-# The CartPole settings of tests/test_vtrace_experiment.py, which reach returns above 150.
-CARTPOLE = [
-    "env.name=CartPole-v1", "actor_batch_size=16", "num_actor_cpus=1", "batch_size=16",
-    "virtual_batch_size=16", "unroll_length=5", "optimizer.learning_rate=0.002",
-    "entropy_cost=0.01", "log_interval=2", "seed=0",
-]  # fmt: skip
 TABLE_ROW = re.compile(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(\d+)\s*$")
 
 
@@ -49,9 +43,6 @@ def table(stdout):
     ]
 
 
-def read_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
 
 
 def experiment_flags(env_name, use_lstm, savedir):
@@ -268,7 +259,7 @@ def run_experiment(savedir, overrides, timeout):
 @pytest.fixture(scope="module")
 def trained_cartpole(tmp_path_factory):
     savedir = tmp_path_factory.mktemp("trained") / "cartpole"
-    return run_experiment(savedir, [*CARTPOLE, "total_steps=250000"], timeout=400)
+    return run_experiment(savedir, [*CARTPOLE, "seed=0", "total_steps=250000"], timeout=400)
 
 
 def copy_into(path, folder):
