@@ -14,7 +14,7 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["examples", "examples.*"]),
-    package_data={"examples.vtrace": ["*.yaml"]},
+    package_data={"examples.vtrace": ["*.yaml", "hydra/launcher/*.yaml"]},
     install_requires=[
         "torch>=2.0",
         "moolib==0.0.9b0",

@@ -1,0 +1,172 @@
+"""examples/vtrace/cluster.py: a peer's name, folder and GPU from the peer index and the job
+scheduler's environment, and the preemption signal turned into a clean stop before requeueing."""
+
+import os
+import signal
+
+import pytest
+from omegaconf import OmegaConf
+
+from examples.vtrace import cluster
+from examples.vtrace.cluster import Launch
+
+
+def flags(**overrides):
+    base = {"savedir": "/s", "localdir": "${savedir}/peers/${local_name}", "local_name": "",
+            "device": "auto", "peer": None}  # fmt: skip
+    return OmegaConf.create({**base, **overrides})
+
+
+SLURM_ARRAY_TASK = {
+    "SLURM_JOB_ID": "1003", "SLURM_ARRAY_JOB_ID": "1000", "SLURM_ARRAY_TASK_ID": "3",
+    "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1",
+}  # fmt: skip
+
+
+def test_launch_from_slurm_variables():
+    launch = cluster.current_launch(SLURM_ARRAY_TASK)
+    assert launch == Launch("slurm", "1000_3", 0, 0, 1, 1)
+    srun = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+            "SLURM_JOB_NUM_NODES": "2"}  # fmt: skip
+    launch = cluster.current_launch(srun)
+    assert launch == Launch("slurm", "77", 5, 1, 8, 2) and launch.tasks_per_node == 4
+
+
+def test_launch_from_submitit_local_variables():
+    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4321",
+               "SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_LOCALID": "0",
+               "SUBMITIT_LOCAL_NTASKS": "1"}  # fmt: skip
+    assert cluster.current_launch(environ) == Launch("local", "4321")
+    assert cluster.current_launch({}) is None
+
+
+def test_launch_through_submitits_job_environment(monkeypatch):
+    for key, value in SLURM_ARRAY_TASK.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    assert cluster.current_launch() == Launch("slurm", "1000_3", 0, 0, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "peer, launch, name",
+    [
+        (3, None, "peer3"),
+        (3, Launch("slurm", "1000_3"), "peer3"),  # stable across requeues: same logs.tsv
+        (0, Launch("slurm", "77", global_rank=2, num_tasks=4), "peer0-2"),
+        (None, Launch("slurm", "1000_3"), "slurm-1000_3"),
+        (None, Launch("local", "4321"), "local-4321"),
+        (None, None, None),  # the experiment's HOSTNAME-PID default
+    ],
+)
+def test_peer_name(peer, launch, name):
+    assert cluster.peer_name(peer, launch) == name
+
+
+def test_assign_identity_names_the_peer_and_its_folder():
+    f = flags(peer=2)
+    cluster.assign_identity(f, launch=None, gpu_count=0)
+    assert f.local_name == "peer2" and f.localdir == "/s/peers/peer2" and f.device == "cpu"
+
+
+def test_an_explicit_local_name_and_device_are_kept():
+    f = flags(peer=2, local_name="mine", device="cuda:1")
+    cluster.assign_identity(f, launch=Launch("slurm", "9"), gpu_count=4)
+    assert f.local_name == "mine" and f.localdir == "/s/peers/mine" and f.device == "cuda:1"
+
+
+def test_a_plain_localdir_gets_a_folder_per_peer():
+    f = flags(peer=1, localdir="/scratch/logs")
+    cluster.assign_identity(f, launch=None, gpu_count=0)
+    assert f.localdir == os.path.join("/scratch/logs", "peer1")
+    f = flags(localdir="/scratch/logs")  # a single peer keeps what it was given
+    cluster.assign_identity(f, launch=None, gpu_count=0)
+    assert f.localdir == "/scratch/logs"
+
+
+@pytest.mark.parametrize(
+    "peer, launch, gpus, device",
+    [
+        (None, None, 0, "cpu"),
+        (5, None, 1, "cuda:0"),  # a Slurm job that was given one GPU sees only that one
+        (5, Launch("local", "1"), 4, "cuda:1"),  # local jobs all see every GPU: by peer index
+        (0, Launch("slurm", "7", global_rank=6, local_rank=2, num_tasks=8, num_nodes=2), 4,
+         "cuda:2"),  # several tasks per node: by local rank
+        (None, None, 2, "cuda:0"),
+    ],
+)  # fmt: skip
+def test_auto_device(peer, launch, gpus, device):
+    f = flags(peer=peer)
+    cluster.assign_identity(f, launch=launch, gpu_count=gpus)
+    assert f.device == device
+
+
+@pytest.mark.parametrize("peer", [-2, "x", 1.5, True])
+def test_bad_peer_index_is_one_clear_error(peer):
+    with pytest.raises(ValueError, match="peer must be a peer index"):
+        cluster.assign_identity(flags(peer=peer), launch=None, gpu_count=0)
+
+
+def test_minus_one_means_no_peer_index():
+    f = flags(peer=-1)
+    cluster.assign_identity(f, launch=None, gpu_count=0)
+    assert f.local_name == ""
+
+
+class FakeSubmititHandler:
+    """Stands in for submitit's SignalHandler: the class lives in a module named submitit...."""
+
+    def __init__(self):
+        self.calls = []
+
+    def checkpoint_and_try_requeue(self, signum, frame):
+        self.calls.append(signum)
+        raise SystemExit(144)  # what submitit's local executor does to ask for a requeue
+
+
+FakeSubmititHandler.__module__ = "submitit.core.job_environment"
+
+
+@pytest.fixture
+def restore_usr2():
+    previous = signal.getsignal(signal.SIGUSR2)
+    yield
+    signal.signal(signal.SIGUSR2, previous)
+
+
+def test_preemption_signal_stops_first_and_requeues_after(restore_usr2):
+    handler = FakeSubmititHandler()
+    signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
+    stop = []
+    preemption = cluster.Preemption(on_signal=stop.append)
+    os.kill(os.getpid(), signal.SIGUSR2)
+    os.kill(os.getpid(), signal.SIGUSR2)  # a second signal changes nothing
+    assert stop == ["SIGUSR2: time limit or preemption"] and handler.calls == []
+    assert preemption.will_requeue
+    with pytest.raises(SystemExit) as exit_info:
+        preemption.requeue_if_signalled()
+    assert exit_info.value.code == 144 and handler.calls == [signal.SIGUSR2]
+
+
+def test_without_submitit_the_signal_only_stops(restore_usr2):
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    stop = []
+    preemption = cluster.Preemption(on_signal=stop.append)
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert stop and not preemption.will_requeue
+    preemption.requeue_if_signalled()  # returns
+
+
+def test_no_signal_no_requeue(restore_usr2):
+    handler = FakeSubmititHandler()
+    signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
+    preemption = cluster.Preemption(on_signal=lambda reason: None)
+    preemption.requeue_if_signalled()
+    assert handler.calls == []
+
+
+def test_preempt_signal_variable(monkeypatch):
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    assert cluster.preemption_signal() == signal.SIGUSR1
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "NOPE")
+    with pytest.raises(ValueError, match="SUBMITIT_PREEMPT_SIGNAL=NOPE"):
+        cluster.preemption_signal()
