@@ -100,6 +100,21 @@ def check_peer(peer):
     return peer
 
 
+def check_launcher(peer):
+    """Refuse `-m peer=range(N)` with Hydra's basic launcher, which runs one peer after another."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if peer is None or not HydraConfig.initialized():
+        return
+    hydra_config = HydraConfig.get()
+    if hydra_config.mode == RunMode.MULTIRUN and "BasicLauncher" in hydra_config.launcher._target_:
+        raise ValueError(
+            "peer= with -m needs a launcher that starts the peers at the same time: add "
+            "hydra/launcher=local (this machine) or hydra/launcher=slurm"
+        )
+
+
 def peer_name(peer, launch):
     """local_name for a peer that was not given one, or None to keep the HOSTNAME-PID default."""
     suffix = ""
@@ -137,6 +152,7 @@ def assign_identity(flags, launch=None, gpu_count=None):
     so that peers of one sweep never write to the same logs.tsv. Returns the launch used.
     """
     peer = check_peer(flags.get("peer"))
+    check_launcher(peer)
     if launch is None:
         launch = current_launch()
     if not flags.local_name:
