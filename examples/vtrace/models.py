@@ -16,8 +16,13 @@ environment they are looking at:
 
 A net only defines its torso (``encode``); the heads and the optional LSTM live in the shared
 base class. ``create_model`` picks the torso from the observation space.
+
+``precision="bf16"`` runs the torso under bfloat16 autocast: the weights, their gradients, the
+LSTM and the heads stay float32, so the optimizer and checkpoints see the same model either way.
+On a CPU with bf16 instructions this doubles the ResNet's speed (see the README's benchmarks).
 """
 
+import contextlib
 from itertools import pairwise
 
 import gymnasium as gym
@@ -29,6 +34,23 @@ from torch.nn import functional as F
 # MinAtar frames are 10x10; anything this small and channels-last is treated as MinAtar.
 MINATAR_MAX_SIDE = 16
 
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
+def bf16_supported(device: torch.device | str = "cpu") -> bool:
+    """Whether bf16 autocast has fast kernels on this device (not merely an emulation)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    # oneDNN's own check for the AVX512-BF16 / AMX instructions.
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
 
 def layer_init(layer: nn.Module, gain: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
     nn.init.orthogonal_(layer.weight, gain)
@@ -39,11 +61,14 @@ def layer_init(layer: nn.Module, gain: float = np.sqrt(2), bias: float = 0.0) ->
 class ActorCriticBase(nn.Module):
     """Policy and baseline heads on top of a torso, with an optional LSTM core in between."""
 
-    def __init__(self, hidden_size: int, num_actions: int, use_lstm: bool = False):
+    def __init__(
+        self, hidden_size: int, num_actions: int, use_lstm: bool = False, precision: str = "fp32"
+    ):
         super().__init__()
         self.hidden_size = hidden_size
         self.num_actions = num_actions
         self.use_lstm = use_lstm
+        self.precision = check_precision(precision)
         if use_lstm:
             self.core = nn.LSTM(hidden_size, hidden_size, num_layers=1)
         # Gain 0.01 keeps the initial logits close to zero, i.e. a near-uniform policy, so
@@ -69,7 +94,14 @@ class ActorCriticBase(nn.Module):
         T, B = obs.shape[:2]
 
         # Time and batch are merged so the torso sees one big batch, whatever T is.
-        features = self.encode(obs.flatten(0, 1))
+        if self.precision == "bf16":
+            autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+        else:
+            autocast = contextlib.nullcontext()
+        with autocast:
+            features = self.encode(obs.flatten(0, 1))
+        # The heads and the LSTM in float32: logits feed a softmax and importance weights.
+        features = features.float()
 
         if self.use_lstm:
             done = inputs["done"].to(device=device, dtype=torch.bool)
@@ -129,8 +161,13 @@ def conv_section(in_channels: int, out_channels: int) -> nn.Sequential:
 class AtariNet(ActorCriticBase):
     """IMPALA "deep" ResNet (Espeholt et al. 2018) for stacked frames [C, H, W] in 0..255."""
 
-    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False):
-        super().__init__(hidden_size=256, num_actions=num_actions, use_lstm=use_lstm)
+    # Channels-last (NHWC) activations let oneDNN (CPU) and cuDNN (tensor cores) skip a layout
+    # conversion around every convolution: 1.8x faster on a CPU. The weights keep their layout.
+    # torch.contiguous_format gives the layout of earlier versions (the benchmark compares both).
+    memory_format = torch.channels_last
+
+    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
+        super().__init__(256, num_actions, use_lstm, precision)
         channels = [obs_shape[0], 16, 32, 32]
         self.sections = nn.Sequential(
             *(conv_section(c_in, c_out) for c_in, c_out in pairwise(channels))
@@ -140,7 +177,7 @@ class AtariNet(ActorCriticBase):
         self.fc = nn.Linear(flat_size, self.hidden_size)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0
+        x = obs.contiguous(memory_format=self.memory_format).float() / 255.0
         x = F.relu(self.sections(x))
         return F.relu(self.fc(x.flatten(1)))
 
@@ -148,8 +185,8 @@ class AtariNet(ActorCriticBase):
 class MinAtarNet(ActorCriticBase):
     """The MinAtar baseline network for small channels-last grids [H, W, C] of 0/1."""
 
-    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False):
-        super().__init__(hidden_size=128, num_actions=num_actions, use_lstm=use_lstm)
+    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
+        super().__init__(128, num_actions, use_lstm, precision)
         height, width, channels = obs_shape
         # No padding, as in the MinAtar paper's baseline (Young & Tian 2019): a 10x10 grid
         # gives 16 x 8 x 8 = 1024 features, so results stay comparable with published ones.
@@ -165,8 +202,8 @@ class MinAtarNet(ActorCriticBase):
 class MLPNet(ActorCriticBase):
     """Two tanh layers of 64 for flat vector observations (CartPole, Acrobot, ...)."""
 
-    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False):
-        super().__init__(hidden_size=64, num_actions=num_actions, use_lstm=use_lstm)
+    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
+        super().__init__(64, num_actions, use_lstm, precision)
         # tanh keeps the features bounded, which suits unnormalised classic-control inputs.
         self.mlp = nn.Sequential(
             layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
@@ -189,16 +226,19 @@ def _is_atari(shape: tuple) -> bool:
 
 
 def create_model(
-    observation_space: gym.spaces.Box, num_actions: int, use_lstm: bool = False
+    observation_space: gym.spaces.Box,
+    num_actions: int,
+    use_lstm: bool = False,
+    precision: str = "fp32",
 ) -> ActorCriticBase:
     """Pick the torso that fits the observation space's shape."""
     shape = tuple(observation_space.shape)
     if len(shape) == 1:
-        return MLPNet(shape, num_actions, use_lstm)
+        return MLPNet(shape, num_actions, use_lstm, precision)
     if _is_minatar(shape):
-        return MinAtarNet(shape, num_actions, use_lstm)
+        return MinAtarNet(shape, num_actions, use_lstm, precision)
     if _is_atari(shape):
-        return AtariNet(shape, num_actions, use_lstm)
+        return AtariNet(shape, num_actions, use_lstm, precision)
     raise ValueError(
         f"No model for observation shape {shape}: expected a 1-D vector (MLPNet), "
         f"channels-last [H, W, C] with H, W <= {MINATAR_MAX_SIDE} (MinAtarNet), or "

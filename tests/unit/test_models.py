@@ -204,3 +204,40 @@ def test_optimizer_step_updates_every_parameter(kind, use_lstm):
     assert any(n.startswith("core.") for n in names) == use_lstm
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []
+
+
+@pytest.mark.parametrize("kind", NETS)
+def test_bf16_keeps_float32_weights_grads_and_outputs(kind):
+    fp32 = make(kind, use_lstm=True)
+    cls, shape, _ = NETS[kind]
+    bf16 = cls(shape, NUM_ACTIONS, use_lstm=True, precision="bf16")
+    # Same parameters, so that checkpoints and group states load either way.
+    assert {k: v.shape for k, v in bf16.state_dict().items()} == {
+        k: v.shape for k, v in fp32.state_dict().items()
+    }
+    bf16.load_state_dict(fp32.state_dict())
+    obs, done = random_obs(kind, 3, 4), torch.zeros(3, 4, dtype=torch.bool)
+    (out32, _), (out16, _) = (run(m, obs, done, m.initial_state(4)) for m in (fp32, bf16))
+    for key in ["policy_logits", "baseline"]:
+        assert out16[key].dtype == torch.float32
+        # bf16 keeps 8 bits of mantissa: close, not equal.
+        assert torch.allclose(out16[key], out32[key], rtol=0.05, atol=0.05)
+    out16["baseline"].sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in bf16.parameters() if p.grad is not None)
+
+
+def test_channels_last_changes_layout_not_results():
+    model = make("atari", use_lstm=False)
+    obs, done = random_obs("atari", 2, 3), torch.zeros(2, 3, dtype=torch.bool)
+    out_nhwc, _ = run(model, obs, done, ())
+    model.memory_format = torch.contiguous_format
+    out_nchw, _ = run(model, obs, done, ())
+    assert torch.allclose(out_nhwc["policy_logits"], out_nchw["policy_logits"], atol=1e-5)
+    assert torch.allclose(out_nhwc["baseline"], out_nchw["baseline"], atol=1e-5)
+    # The weights keep their layout: the Accumulator and checkpoints see plain tensors.
+    assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        create_model(gym.spaces.Box(0, 1, (4,)), NUM_ACTIONS, precision="fp16")
