@@ -1,4 +1,4 @@
-"""A2C on CartPole with moolib, in one file.
+"""A2C on CartPole with moolib: the model, the loss and the training loop in this file.
 
     python examples/a2c.py                       # trains, writes logs.tsv in the working directory
     python examples/a2c.py --connect HOST:PORT   # joins another a2c run and shares its gradients
@@ -7,6 +7,12 @@ Environments run in worker processes through moolib.EnvPool, by default two batc
 one batch steps while the model acts on the other. Gradients go through a moolib.Accumulator: on
 its own the run talks to a broker inside this process; with --connect, every process joined to
 the same broker trains one shared model.
+
+This file shares code openly with the V-trace agent, from examples/common: the gymnasium adapter
+for EnvPool (envs.py), the TSV log (tsvlog.py), the HOST:PORT checks (address.py) and the guard
+that keeps a dead or signalled env worker from hanging the loop (workers.py). None of them is
+about moolib's training API, and each has one home so that both agents get its fixes. Every
+moolib call (EnvPool, Broker, Group, Accumulator) stays here, in `main` and `train`.
 """
 
 import argparse
@@ -24,6 +30,7 @@ from torch.nn import functional as F
 from examples.common.address import parse_address, with_free_port
 from examples.common.envs import EnvFactory, check_env_name
 from examples.common.tsvlog import TsvLog
+from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 
 
 def positive_int(text):
@@ -188,35 +195,106 @@ class Rollout:
         self.core_state = core_state_before_last
 
 
+def catch_stop_signals():
+    """Ctrl-C and SIGTERM end the loop at its next turn: a KeyboardInterrupt raised inside one of
+    moolib's calls back into Python can be lost there. Returns the list the handlers append to."""
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _: stop.append(signal.Signals(signum).name))
+    return stop
+
+
+def make_env_factory(args):
+    env_factory = EnvFactory(args.env, seed=args.seed * 10_000)
+    observation_space, action_space = env_factory.spaces()
+    if not hasattr(action_space, "n") or len(observation_space.shape) != 1:
+        sys.exit(f"a2c.py: error: {args.env} needs discrete actions and flat observations")
+    return env_factory, observation_space.shape[0], action_space.n
+
+
+class Progress:
+    """Episode returns, the log rows and the progress lines."""
+
+    def __init__(self, args, log):
+        self.args, self.log = args, log
+        self.episode_returns = torch.zeros(args.num_batches, args.batch_size)
+        self.finished = deque(maxlen=100)  # for the progress line
+        self.new_returns = []  # episodes finished since the last log row
+        self.dropped_rollouts = 0  # since the last log row
+        self.steps = 0
+        self.start = self.last_print = time.monotonic()
+        self.steps_at_last_print = 0
+
+    def env_step(self, batch, reward, done):
+        self.steps += self.args.batch_size
+        self.episode_returns[batch] += reward
+        for ret in self.episode_returns[batch][done].tolist():
+            self.finished.append(ret)
+            self.new_returns.append(ret)
+        self.episode_returns[batch][done] = 0
+
+    def row(self, **columns):
+        now = time.monotonic()
+        self.log.write({
+            "step": self.steps,
+            "mean_episode_return": mean(self.new_returns),
+            "episodes": len(self.new_returns),
+            **columns,
+            "dropped_rollouts": self.dropped_rollouts,
+            "time": now - self.start,
+            "SPS": self.steps / max(now - self.start, 1e-9),
+        })  # fmt: skip
+        self.new_returns, self.dropped_rollouts = [], 0
+
+    def maybe_print(self, model_version, peers):
+        now = time.monotonic()
+        if now - self.last_print >= self.args.log_interval:
+            sps = (self.steps - self.steps_at_last_print) / (now - self.last_print)
+            print(
+                f"step {self.steps:>8d} | SPS {sps:6.0f} | return (last 100) "
+                f"{mean(self.finished):6.1f} | updates {model_version} | peers {peers}",
+                flush=True,
+            )
+            self.last_print, self.steps_at_last_print = now, self.steps
+
+    def summary(self, stop):
+        elapsed = time.monotonic() - self.start
+        reason = f"stopped by {stop[0]}" if stop else "done"
+        return (
+            f"{reason}: {self.steps} steps in {elapsed:.0f} s "
+            f"({self.steps / max(elapsed, 1e-9):.0f} SPS), mean return of the last "
+            f"{len(self.finished)} episodes {mean(self.finished):.1f}; log: {self.log.path}"
+        )
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     # Tiny model, two cores: more torch threads only contend with the env processes.
     torch.set_num_threads(1)
+    stop = catch_stop_signals()
 
     # EnvPool forks its workers, and moolib refuses to fork once it has started threads: create it
-    # before any Rpc.
-    env_factory = EnvFactory(args.env, seed=args.seed * 10_000)
-    observation_space, action_space = env_factory.spaces()
-    if not hasattr(action_space, "n") or len(observation_space.shape) != 1:
-        sys.exit(f"a2c.py: error: {args.env} needs discrete actions and flat observations")
-    envs = moolib.EnvPool(
-        env_factory,
-        num_processes=args.num_processes,
-        batch_size=args.batch_size,
-        num_batches=args.num_batches,
-    )
+    # before any Rpc. Forked inside workers.forking(), the workers leave signals to this process.
+    env_factory, obs_size, num_actions = make_env_factory(args)
+    workers = EnvWorkers(env_factory, args.num_processes)
+    with workers.forking():
+        envs = moolib.EnvPool(
+            workers.create_env,
+            num_processes=args.num_processes,
+            batch_size=args.batch_size,
+            num_batches=args.num_batches,
+        )
 
-    model = Policy(observation_space.shape[0], action_space.n, args.hidden_size, not args.no_lstm)
+    model = Policy(obs_size, num_actions, args.hidden_size, not args.no_lstm)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
     model.zero_grad(set_to_none=False)  # the Accumulator needs every .grad to exist
 
     rpc = moolib.Rpc()
     rpc.set_name(f"a2c-{moolib.create_uid()}")
     broker = broker_rpc = None
-    if args.connect:
-        broker_address = args.connect
-    else:
+    broker_address = args.connect
+    if not args.connect:
         # The broker needs an Rpc of its own: peers look for it by the name "broker".
         broker_rpc = moolib.Rpc()
         broker = moolib.Broker(broker_rpc)
@@ -226,98 +304,102 @@ def main(argv=None):
         print(f"Broker listening at {args.address}; join with --connect {args.address}")
     group = moolib.Group(rpc, f"a2c-{args.env}")
     accumulator = moolib.Accumulator("model", model.parameters(), model.buffers(), group=group)
-    rollout_size = args.batch_size * args.unroll_length
-    accumulator.set_virtual_batch_size(args.virtual_batch_size or rollout_size)
+    accumulator.set_virtual_batch_size(
+        args.virtual_batch_size or args.batch_size * args.unroll_length
+    )
     rpc.connect(broker_address)
 
-    schedule = {"lr": args.lr, "decay_steps": None if args.constant_lr else args.total_steps}
     log = TsvLog(args.logfile)
     print(f"Logging to {log.path}")
-    stop = []
-    # Ctrl-C and SIGTERM end the loop at its next turn: a KeyboardInterrupt raised inside one of
-    # moolib's calls back into Python can be lost there.
-    signal.signal(signal.SIGINT, lambda *_: stop.append("Ctrl-C"))
-    signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
+    progress = Progress(args, log)
+    try:
+        train(args, envs, workers, model, optimizer, broker, group, accumulator, progress, stop)
+    except EnvWorkerDied as e:
+        log.close()
+        print(f"a2c.py: error: {e}; stopping", file=sys.stderr)
+        exit_now(1)  # a thread still waits on the dead worker: see exit_now
+    finally:
+        log.close()
+    print(progress.summary(stop))
+    # moolib's objects point at each other: free them newest first, not in Python's order.
+    del accumulator, group, rpc, broker, broker_rpc
+    return 0
 
+
+def train(args, envs, workers, model, optimizer, broker, group, accumulator, progress, stop):
+    rollout_size = args.batch_size * args.unroll_length
+    # The learning rate decays with the samples the group has reduced (the same count on every
+    # peer), whatever the virtual batch size and however many peers join.
+    schedule = {"lr": args.lr, "decay_steps": None if args.constant_lr else args.total_steps,
+                "trained": 0}  # fmt: skip
     core_states = [model.initial_state(args.batch_size) for _ in range(args.num_batches)]
     rollouts = [Rollout(args.unroll_length, core_states[i]) for i in range(args.num_batches)]
     # Per batch: a finished rollout waiting for the Accumulator to want gradients.
     pending = [None] * args.num_batches
-    episode_returns = torch.zeros(args.num_batches, args.batch_size)
-    finished_returns = deque(maxlen=100)  # for the progress line
-    new_returns = []  # episodes finished since the last log row
-    futures = [
-        envs.step(i, torch.zeros(args.batch_size, dtype=torch.int64))
-        for i in range(args.num_batches)
-    ]
-    steps = 0
+    no_action = torch.zeros(args.batch_size, dtype=torch.int64)
+    futures = [envs.step(i, no_action) for i in range(args.num_batches)]
     losses = {}
-    start = last_print = time.monotonic()
-    steps_at_last_print = 0
     last_wait_note = time.monotonic()  # say nothing unless the wait lasts
     batch = 0
 
-    try:
-        while steps < args.total_steps and not stop:
-            if broker is not None:
-                broker.update()
-            group.update()
-            accumulator.update()
-            if not accumulator.connected():
-                if time.monotonic() - last_wait_note > 5:
-                    print(f"Waiting for the broker at {broker_address} ...")
-                    last_wait_note = time.monotonic()
-                time.sleep(0.01)
-                continue
+    while progress.steps < args.total_steps and not stop:
+        if broker is not None:
+            broker.update()
+        group.update()
+        accumulator.update()
+        if not accumulator.connected():
+            if time.monotonic() - last_wait_note > 5:
+                print(f"Waiting for the broker at {args.connect or args.address} ...")
+                last_wait_note = time.monotonic()
+            time.sleep(0.01)
+            continue
 
-            # A newcomer gets the whole learner state from the group's leader: weights as well
-            # as optimizer, so that it cannot start one step out of line with the others, and
-            # the learning-rate schedule, so that all peers step with the same rate.
-            if accumulator.wants_state():
-                accumulator.set_state(
-                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "schedule": schedule}
-                )  # fmt: skip
-            if accumulator.has_new_state():
-                state = accumulator.state()
-                model.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-                schedule = state["schedule"]
-
-            # Act on one batch of envs while the other batches step in the worker processes.
-            # Copy out: the result lives in shared memory that the next step of this batch reuses.
-            env_out = {key: value.clone() for key, value in futures[batch].result().items()}
-            with torch.inference_mode():
-                obs = env_out["state"].unsqueeze(0)
-                done = env_out["done"].unsqueeze(0)
-                logits, _, core_after = model(obs, done, core_states[batch])
-                action = torch.multinomial(F.softmax(logits[0], dim=-1), 1).squeeze(-1)
-            futures[batch] = envs.step(batch, action)
-            rollouts[batch].append(
-                {"state": env_out["state"], "done": env_out["done"],
-                 "reward": env_out["reward"], "action": action},
-                core_states[batch],
+        # A newcomer gets the whole learner state from the group's leader: weights as well as
+        # optimizer, so that it cannot start one step out of line with the others, and the
+        # learning-rate schedule, so that all peers step with the same rate.
+        if accumulator.wants_state():
+            accumulator.set_state(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "schedule": schedule}
             )  # fmt: skip
-            core_before = core_states[batch]
-            core_states[batch] = core_after
-            steps += args.batch_size
+        if accumulator.has_new_state():
+            state = accumulator.state()
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            schedule = {"trained": 0, **state["schedule"]}
 
-            episode_returns[batch] += env_out["reward"]
-            for ret in episode_returns[batch][env_out["done"]].tolist():
-                finished_returns.append(ret)
-                new_returns.append(ret)
-            episode_returns[batch][env_out["done"]] = 0
+        # Act on one batch of envs while the other batches step in the worker processes.
+        # Copy out: the result lives in shared memory that the next step of this batch reuses.
+        env_out = {key: value.clone() for key, value in workers.result(futures[batch]).items()}
+        with torch.inference_mode():
+            obs = env_out["state"].unsqueeze(0)
+            done = env_out["done"].unsqueeze(0)
+            logits, _, core_after = model(obs, done, core_states[batch])
+            action = torch.multinomial(F.softmax(logits[0], dim=-1), 1).squeeze(-1)
+        futures[batch] = envs.step(batch, action)
+        rollouts[batch].append(
+            {"state": env_out["state"], "done": env_out["done"],
+             "reward": env_out["reward"], "action": action},
+            core_states[batch],
+        )  # fmt: skip
+        core_before = core_states[batch]
+        core_states[batch] = core_after
+        progress.env_step(batch, env_out["reward"], env_out["done"])
 
-            if rollouts[batch].full():
-                pending[batch] = (rollouts[batch].stacked(), rollouts[batch].core_state)
-                rollouts[batch].restart(core_before)
+        if rollouts[batch].full():
+            if pending[batch] is not None:  # never learned from: the learner lags the actors
+                progress.dropped_rollouts += 1
+            pending[batch] = (rollouts[batch].stacked(), rollouts[batch].core_state)
+            rollouts[batch].restart(core_before)
 
-            # Gradients: computed on a finished rollout whenever the Accumulator takes them; the
-            # reduction then runs in the background while acting goes on.
-            ready = [p for p in pending if p is not None]
-            if ready and accumulator.wants_gradients():
-                rollout, initial_core = ready[0]
-                pending[pending.index(ready[0])] = None
+        # Gradients: computed on a finished rollout whenever the Accumulator takes them; the
+        # reduction then runs in the background while acting goes on. With nothing to give, say
+        # so (moolib's contract): the other peers' reduction then need not wait for this one.
+        if accumulator.wants_gradients():
+            ready = [i for i, p in enumerate(pending) if p is not None]
+            if ready:
+                rollout, initial_core = pending[ready[0]]
+                pending[ready[0]] = None
                 logits, values, _ = model(rollout["state"], rollout["done"], initial_core)
                 loss, losses = a2c_loss(
                     logits, values, rollout["action"], rollout["reward"], rollout["done"],
@@ -326,54 +408,25 @@ def main(argv=None):
                 model.zero_grad(set_to_none=False)
                 loss.backward()
                 accumulator.reduce_gradients(rollout_size)
+            else:
+                accumulator.skip_gradients()
 
-            if accumulator.has_gradients():
-                if schedule["decay_steps"]:
-                    # By model version, which all peers share: identical rates, identical weights.
-                    progress = accumulator.model_version() * rollout_size / schedule["decay_steps"]
-                    optimizer.param_groups[0]["lr"] = schedule["lr"] * max(0.0, 1.0 - progress)
-                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
-                optimizer.step()
-                accumulator.zero_gradients()
-                now = time.monotonic()
-                log.write({
-                    "step": steps,
-                    "model_version": accumulator.model_version(),
-                    "mean_episode_return": mean(new_returns),
-                    "episodes": len(new_returns),
-                    **losses,
-                    "grad_norm": grad_norm.item(),
-                    "virtual_batch_size": accumulator.get_gradient_stats()["batch_size"],
-                    "peers": len(group.members()),
-                    "time": now - start,
-                    "SPS": steps / max(now - start, 1e-9),
-                })  # fmt: skip
-                new_returns = []
-
-            now = time.monotonic()
-            if now - last_print >= args.log_interval:
-                recent = mean(finished_returns)
-                sps = (steps - steps_at_last_print) / (now - last_print)
-                print(
-                    f"step {steps:>8d} | SPS {sps:6.0f} | return (last 100) {recent:6.1f} | "
-                    f"updates {accumulator.model_version()} | peers {len(group.members())}",
-                    flush=True,
-                )
-                last_print, steps_at_last_print = now, steps
-            batch = (batch + 1) % args.num_batches
-    finally:
-        log.close()
-
-    elapsed = time.monotonic() - start
-    recent = mean(finished_returns)
-    reason = f"stopped by {stop[0]}" if stop else "done"
-    print(
-        f"{reason}: {steps} steps in {elapsed:.0f} s ({steps / max(elapsed, 1e-9):.0f} SPS), "
-        f"mean return of the last {len(finished_returns)} episodes {recent:.1f}; log: {log.path}"
-    )
-    # moolib's objects point at each other: free them newest first, not in Python's order.
-    del accumulator, group, rpc, broker, broker_rpc
-    return 0
+        if accumulator.has_gradients():
+            reduced = accumulator.get_gradient_stats()["batch_size"]
+            schedule["trained"] += reduced
+            if schedule["decay_steps"]:
+                fraction = schedule["trained"] / schedule["decay_steps"]
+                optimizer.param_groups[0]["lr"] = schedule["lr"] * max(0.0, 1.0 - fraction)
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
+            optimizer.step()
+            accumulator.zero_gradients()
+            progress.row(
+                model_version=accumulator.model_version(), **losses,
+                grad_norm=grad_norm.item(), lr=optimizer.param_groups[0]["lr"],
+                virtual_batch_size=reduced, peers=len(group.members()),
+            )  # fmt: skip
+        progress.maybe_print(accumulator.model_version(), len(group.members()))
+        batch = (batch + 1) % args.num_batches
 
 
 if __name__ == "__main__":

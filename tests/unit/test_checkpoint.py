@@ -92,3 +92,23 @@ def test_other_pickles_are_refused(tmp_path):
     torch.save({"weights": [1, 2]}, path)
     with pytest.raises(checkpoint.CheckpointError, match="not a checkpoint of this project"):
         checkpoint.load(path)
+
+
+def test_save_if_newer_never_puts_a_checkpoint_back(tmp_path):
+    # A peer that fell behind, or never joined its group, must not replace the group's work.
+    path = tmp_path / "checkpoint.tar"
+    checkpoint.save_if_newer({"model": {}, "optimizer": {}, "model_version": 1892}, path)
+    with pytest.raises(checkpoint.NotNewer, match="model_version 1892, newer than this peer's 528"):
+        checkpoint.save_if_newer({"model": {}, "optimizer": {}, "model_version": 528}, path)
+    assert checkpoint.load(path)["model_version"] == 1892
+    checkpoint.save_if_newer({"model": {}, "optimizer": {}, "model_version": 1900}, path)
+    assert checkpoint.load(path)["model_version"] == 1900
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.tar"]
+
+
+def test_save_if_newer_keeps_a_file_it_cannot_judge(tmp_path):
+    path = tmp_path / "checkpoint.tar"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(checkpoint.NotNewer, match="unreadable"):
+        checkpoint.save_if_newer({"model": {}, "optimizer": {}, "model_version": 5}, path)
+    assert path.read_bytes() == b"not a checkpoint"
