@@ -1,6 +1,7 @@
 """Counters that add up across peers with Group.all_reduce."""
 
 import math
+import time
 from collections import defaultdict
 
 
@@ -42,3 +43,35 @@ def add_dicts(a, b):
     total = Stats.from_dict(a)
     total += Stats.from_dict(b)
     return total.to_dict()
+
+
+class GroupStats:
+    """Stats summed over every peer of a moolib Group, every `interval` seconds.
+
+    One all-reduce is in flight at a time. If the group changes under it, it fails, and its
+    numbers are sent again with the next one, so nothing is lost or counted twice.
+    """
+
+    def __init__(self, group, interval):
+        self.group = group
+        self.interval = interval
+        self.unsent = Stats()
+        self.sent = Stats()
+        self.future = None
+        self.last_sent = time.monotonic()  # the first one after `interval`: peers join first
+
+    def add(self, stats):
+        self.unsent += stats
+
+    def update(self, total, now):
+        """Add a finished reduction into `total` (a Stats); start the next one when it is due."""
+        if self.future is not None and self.future.done():
+            try:
+                total += Stats.from_dict(self.future.result())
+            except Exception:  # moolib raises a plain error when the group changed meanwhile
+                self.unsent += self.sent
+            self.future = None
+        if self.future is None and now - self.last_sent >= self.interval:
+            self.last_sent = now
+            self.sent, self.unsent = self.unsent, Stats()
+            self.future = self.group.all_reduce("stats", self.sent.to_dict(), add_dicts)

@@ -8,6 +8,7 @@ else is never touched: the rows go to the first of logs.1.tsv, logs.2.tsv, ... t
 already has the same header, and `path` names the file actually written.
 """
 
+import csv
 import itertools
 import math
 import numbers
@@ -49,8 +50,13 @@ class TsvLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # newline="" so the file gets "\n" on every platform, as the header check expects.
         self._file = open(self.path, "a", encoding="utf-8", newline="")
+        # Values are formatted to text without tabs or newlines first, so nothing needs quoting.
+        self._writer = csv.DictWriter(
+            self._file, columns, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_NONE,
+            quotechar=None, extrasaction="raise",
+        )  # fmt: skip
         if mode == "new":
-            self._file.write(header)
+            self._writer.writeheader()
         elif mode == "newline":
             # An earlier run died mid-line; finish that line so our first row stands alone.
             self._file.write("\n")
@@ -67,7 +73,7 @@ class TsvLog:
         unknown = [key for key in row if key not in self.columns]
         if unknown:
             raise ValueError(f"columns {unknown} are not in the header of {self.path}")
-        self._file.write("\t".join(_format(row.get(key)) for key in self.columns) + "\n")
+        self._writer.writerow({key: _format(value) for key, value in row.items()})
         # Flush every row so `tail -f` and examples/plot.py see it while training runs.
         self._file.flush()
 

@@ -31,7 +31,13 @@ from examples.common import checkpoint
 from examples.common.checkpoint import CheckpointError
 from examples.common.envs import ATARI_PREFIX, check_env_name, make_env
 from examples.common.tsvlog import TsvLog
-from examples.vtrace.experiment import ConfigError, check_writable, resolve_device
+from examples.vtrace.config import (
+    ConfigError,
+    EvaluateConfig,
+    check_command_line,
+    check_writable,
+    resolve_device,
+)
 from examples.vtrace.models import create_model
 
 # Tiny frames (MinAtar's 10x10 grids) are scaled up to at least this many pixels a side.
@@ -40,22 +46,14 @@ ATARI_HZ = 60  # the NTSC console's frame rate
 DEFAULT_FPS = 15  # for envs that declare no render_fps (MinAtar)
 
 
-def is_positive_int(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def check_flags(flags):
     """Reject bad evaluation settings before anything is loaded."""
-    if not is_positive_int(flags.episodes):
-        raise ConfigError(f"episodes must be a positive integer, got {flags.episodes!r}")
-    if flags.max_episode_steps is not None and not is_positive_int(flags.max_episode_steps):
+    if not flags.episodes > 0:
+        raise ConfigError(f"episodes must be a positive integer, got {flags.episodes}")
+    if flags.max_episode_steps is not None and not flags.max_episode_steps > 0:
         raise ConfigError(
-            f"max_episode_steps must be a positive integer or null, got {flags.max_episode_steps!r}"
+            f"max_episode_steps must be a positive integer or null, got {flags.max_episode_steps}"
         )
-    if not isinstance(flags.greedy, bool):
-        raise ConfigError(f"greedy must be true or false, got {flags.greedy!r}")
-    if not isinstance(flags.seed, int) or isinstance(flags.seed, bool):
-        raise ConfigError(f"seed must be an integer, got {flags.seed!r}")
     if not flags.checkpoint:
         raise ConfigError("checkpoint must name a checkpoint file, e.g. checkpoint.tar")
 
@@ -119,41 +117,24 @@ def build_env(env_settings, seed, render_mode):
     )
 
 
-def shape_of(value):
-    return list(value.shape) if hasattr(value, "shape") else type(value).__name__
-
-
-def state_dict_mismatch(model, state):
-    """Why `state` cannot be loaded into `model`, in a few words; None when it fits."""
-    if not isinstance(state, dict):
-        return f"its model entry is a {type(state).__name__}, not a state_dict"
-    expected = model.state_dict()
-    missing = [key for key in expected if key not in state]
-    unexpected = [key for key in state if key not in expected]
-    reshaped = [
-        f"{key} is {shape_of(state[key])} in the file, {shape_of(expected[key])} here"
-        for key in expected
-        if key in state and shape_of(state[key]) != shape_of(expected[key])
-    ]
-    problems = []
-    for label, items in [("missing ", missing), ("unexpected ", unexpected), ("", reshaped)]:
-        if items:
-            more = f" and {len(items) - 1} more" if len(items) > 1 else ""
-            problems.append(f"{label}{items[0]}{more}")
-    return "; ".join(problems) or None
-
-
 def load_model(data, path, env, settings, device):
     model = create_model(env.observation_space, env.action_space.n, use_lstm=settings["use_lstm"])
     describe = f"the model for {settings['env']['name']} (use_lstm={settings['use_lstm']})"
-    reason = state_dict_mismatch(model, data["model"])
-    if reason is None:
-        try:
-            model.load_state_dict(data["model"])
-        except (RuntimeError, TypeError, ValueError, AttributeError) as e:
-            reason = str(e).strip().splitlines()[0]
-    if reason is not None:
+    if not isinstance(data["model"], dict):
+        reason = f"its model entry is a {type(data['model']).__name__}, not a state_dict"
         raise CheckpointError(f"{path} does not fit {describe}: {reason}")
+    try:
+        missing, unexpected = model.load_state_dict(data["model"], strict=False)
+    except RuntimeError as e:  # a shape that differs; torch names the key and both shapes
+        reason = str(e).strip().splitlines()[-1].strip()
+        raise CheckpointError(f"{path} does not fit {describe}: {reason}") from None
+    problems = [
+        f"{label}{keys[0]}" + (f" and {len(keys) - 1} more" if len(keys) > 1 else "")
+        for label, keys in [("missing ", missing), ("unexpected ", unexpected)]
+        if keys
+    ]
+    if problems:
+        raise CheckpointError(f"{path} does not fit {describe}: {'; '.join(problems)}")
     return model.to(device).eval()
 
 
@@ -356,4 +337,5 @@ def main(flags: DictConfig):
 
 
 if __name__ == "__main__":
+    check_command_line("evaluate", EvaluateConfig, positive=["episodes", "max_episode_steps"])
     main()

@@ -4,7 +4,6 @@ The fast tests evaluate untrained models saved the way the experiment saves them
 train CartPole for real once per module and evaluate that checkpoint.
 """
 
-import csv
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 
 from examples.common import checkpoint
 from examples.common.envs import make_env
+from examples.vtrace.config import ExperimentConfig
 from examples.vtrace.models import create_model
 
 TABLE_ROW = re.compile(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(\d+)\s*$")
@@ -43,12 +43,9 @@ def table(stdout):
     ]
 
 
-
-
 def experiment_flags(env_name, use_lstm, savedir):
     """The resolved config as the experiment stores it in a checkpoint."""
-    flags = OmegaConf.load(REPO / "examples" / "vtrace" / "config.yaml")
-    del flags["defaults"], flags["hydra"]
+    flags = OmegaConf.structured(ExperimentConfig)
     flags.env.name = env_name
     flags.use_lstm = use_lstm
     flags.savedir = str(savedir)

@@ -1,6 +1,5 @@
 """examples/vtrace/experiment.py end to end: bad settings, learning, two peers, Atari, resume."""
 
-import csv
 import math
 import pathlib
 import signal
@@ -9,14 +8,9 @@ import sys
 
 import pytest
 import torch
-
-from examples.common import checkpoint
 from helpers import CARTPOLE, experiment, read_rows
 
-
-
-
-
+from examples.common import checkpoint
 
 
 def peer_logs(savedir):
@@ -34,6 +28,10 @@ def peer_logs(savedir):
         (["num_actor_cpus=64", "actor_batch_size=4"], "num_actor_cpus=64 is more than the 8 envs"),
         (["virtual_batch_size=4", "batch_size=8"], "virtual_batch_size (4) is less than"),
         (["total_steps=0"], "total_steps must be a positive integer"),
+        (["batch_size=ten"], "batch_size must be a positive integer, got 'ten'"),
+        (["wandb=maybe"], "wandb must be true or false"),
+        (["batchsize=8"], "batchsize=8: no such key"),
+        (["env.nme=Pong"], "env.nme=Pong: no such key"),
     ],
 )
 def test_bad_settings_give_one_clear_line(overrides, message, tmp_path):
@@ -42,6 +40,7 @@ def test_bad_settings_give_one_clear_line(overrides, message, tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr + result.stdout
     assert message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only machine")

@@ -1,0 +1,214 @@
+"""The V-trace experiment's settings: a Hydra structured config that types and documents every
+key, and the checks that a type cannot express (ranges, and keys that must agree).
+
+Every key can be overridden on the command line as key=value. The defaults are sized for a GPU
+machine with about 10 free cores, as in moolib's original examples; the presets
+(`preset=cartpole`, `preset=minatar`, ...) hold settings measured on a 2-core CPU machine.
+"""
+
+import os
+import pathlib
+import sys
+import typing
+from dataclasses import dataclass, field
+
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from examples.common.address import parse_address
+from examples.common.envs import check_env_name
+
+
+class ConfigError(Exception):
+    """A setting that cannot work; the message names the key and says what would."""
+
+
+@dataclass
+class EnvConfig:
+    name: str = "ALE/Pong-v5"  # ALE/*, MinAtar/*, or a classic-control id such as CartPole-v1
+    repeat_action_probability: float = 0.25  # sticky actions (Atari only)
+    num_action_repeats: int = 4  # frame skip (Atari only)
+    noop_max: int = 30  # random no-ops at reset (Atari only)
+
+
+@dataclass
+class OptimizerConfig:  # Adam
+    learning_rate: float = 0.0006
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-8
+
+
+@dataclass
+class ExperimentConfig:
+    connect: str = "127.0.0.1:4431"  # the broker (python -m moolib.broker)
+    device: str = "auto"  # auto = cuda:0 when CUDA is available, else cpu
+    savedir: str = "/tmp/moolib-vtrace/savedir"  # shared by the group: checkpoint.tar lives here
+    localdir: str = "${savedir}/peers/${local_name}"  # this peer's own logs.tsv
+    local_name: str = ""  # empty: HOSTNAME-PID
+    project: str = "moolib-vtrace"
+    group: str = "default"
+    entity: str = "moolib"  # with project and group, names the moolib Group and the wandb run
+    wandb: bool = False  # true: log to wandb too (offline when there is no API key)
+    seed: int = 0
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    actor_batch_size: int = 128  # B of the acting model input [1, B, ...]
+    num_actor_batches: int = 2  # 2 = double buffering: 2 x actor_batch_size envs
+    num_actor_cpus: int = 10  # EnvPool worker processes
+    batch_size: int = 32  # learner batch: B of [T, B, ...]
+    unroll_length: int = 20  # learner T
+    virtual_batch_size: int = 32  # least samples per optimizer step, summed over peers
+    max_queued_batches: int = 2  # learner batches acted ahead before acting waits for learning
+    total_steps: int = 50_000_000  # env steps trained on, over the whole group
+
+    discounting: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.0006
+    reward_clip: float = 1.0  # 0 = no clipping
+    grad_norm_clipping: float = 40
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    warmup: int = 0  # env steps of linear learning-rate warm-up
+    use_lstm: bool = False
+    torch_threads: int = 1  # torch intra-op threads; 0 = torch's default (one per core)
+
+    log_interval: float = 10  # seconds between log rows and progress lines
+    checkpoint_interval: float = 600  # seconds between checkpoint.tar writes (leader only)
+    checkpoint_history_interval: float = 3600  # seconds between kept checkpoint_v<N>.tar copies
+
+
+@dataclass
+class EvaluateConfig(ExperimentConfig):
+    """python -m examples.vtrace.evaluate: the env and model settings (env.*, use_lstm) come from
+    the checkpoint's stored flags; of the experiment's keys only savedir, device, seed and
+    torch_threads are read."""
+
+    episodes: int = 10  # episodes to play
+    greedy: bool = True  # true: argmax of the logits; false: sample from the policy
+    video: str | None = None  # a folder: record each episode as episode_<i>.mp4 there
+    checkpoint: str = "checkpoint.tar"  # a file name in savedir (checkpoint_v1200.tar) or a path
+    max_episode_steps: int | None = None  # cap on agent steps per episode; null: the env's own
+
+
+ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+CONFIG_DIR = pathlib.Path(__file__).parent
+_MISSING = object()
+
+POSITIVE_INTEGERS = ["actor_batch_size", "num_actor_batches", "num_actor_cpus", "batch_size",
+                     "unroll_length", "virtual_batch_size", "total_steps", "max_queued_batches",
+                     "env.num_action_repeats"]  # fmt: skip
+POSITIVE_NUMBERS = ["log_interval", "checkpoint_interval", "checkpoint_history_interval",
+                    "optimizer.learning_rate"]  # fmt: skip
+
+
+def check_flags(flags):
+    """Reject settings that cannot work, before any process or connection is made."""
+    try:
+        parse_address(flags.connect)
+    except ValueError as e:
+        raise ConfigError(f"connect: {e}") from None
+    try:
+        check_env_name(flags.env.name)
+    except ValueError as e:
+        raise ConfigError(f"env.name: {e}") from None
+    for keys, kind in [(POSITIVE_INTEGERS, "integer"), (POSITIVE_NUMBERS, "number")]:
+        for key in keys:
+            value = OmegaConf.select(flags, key)
+            if not value > 0:
+                raise ConfigError(f"{key} must be a positive {kind}, got {value}")
+    if flags.num_actor_batches < 2:
+        raise ConfigError("num_actor_batches must be at least 2 (one batch steps while we act)")
+    envs = flags.actor_batch_size * flags.num_actor_batches
+    if flags.num_actor_cpus > envs:
+        raise ConfigError(
+            f"num_actor_cpus={flags.num_actor_cpus} is more than the {envs} envs "
+            f"(actor_batch_size x num_actor_batches); use at most {envs}"
+        )
+    if not 0 <= flags.discounting <= 1:
+        raise ConfigError(f"discounting must be in [0, 1], got {flags.discounting}")
+    if flags.virtual_batch_size < flags.batch_size:
+        raise ConfigError(
+            f"virtual_batch_size ({flags.virtual_batch_size}) is less than batch_size "
+            f"({flags.batch_size}): every optimizer step takes at least one learner batch"
+        )
+
+
+def check_command_line(program, schema, positive=POSITIVE_INTEGERS + POSITIVE_NUMBERS, argv=None):
+    """Exit with one line naming the override when a command-line value does not fit its key's
+    type (batch_size=ten) or names no key (batchsize=8); Hydra would say so in several lines.
+    Sweeps (seed=0,1 with -m) are left to Hydra, which checks each value in its own job."""
+    argv = sys.argv[1:] if argv is None else argv
+    config = OmegaConf.structured(schema)
+    groups = {path.name for path in CONFIG_DIR.iterdir() if path.is_dir()} | {"hydra"}
+    parser = OverridesParser.create()
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        try:
+            [override] = parser.parse_overrides([arg])
+        except HydraException as e:
+            fail(program, arg, str(e))
+        key = override.key_or_group
+        if override.is_sweep_override() or override.is_add() or override.package:
+            continue
+        if key.split("/")[0].split(".")[0] in groups:
+            continue  # a config group (preset=minatar) or Hydra's own settings
+        if OmegaConf.select(config, key, default=_MISSING) is _MISSING:
+            fail(program, arg, f"no such key (each key is documented in {CONFIG_DIR}/config.py)")
+        try:
+            OmegaConf.update(config, key, override.value(), merge=True)
+        except OmegaConfBaseException:
+            kind = expected_kind(schema, key, key in positive)
+            fail(program, arg, f"{key} must be {kind}, got {override.value()!r}")
+
+
+def expected_kind(schema, key, positive):
+    """The kind of value that `key` of the dataclass `schema` takes, in words."""
+    for part in key.split("."):
+        schema = typing.get_type_hints(schema)[part]
+    kinds = set(typing.get_args(schema)) - {type(None)} or {schema}
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+    if positive:
+        words = {**words, int: "a positive integer", float: "a positive number"}
+    text = " or ".join(words.get(kind, getattr(kind, "__name__", str(kind))) for kind in kinds)
+    return f"{text} (or null)" if type(None) in typing.get_args(schema) else text
+
+
+def fail(program, arg, message):
+    print(f"{program}: error: {arg}: {message.strip().splitlines()[0]}", file=sys.stderr)
+    sys.exit(2)
+
+
+def resolve_device(name):
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name!r} is not a torch device (try cpu or cuda:0)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={name} but CUDA is not available on this machine (torch "
+            f"{torch.__version__}); use device=cpu, or install a CUDA build of torch"
+        )
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device={name} but only {torch.cuda.device_count()} GPU(s) exist")
+    return device
+
+
+def check_writable(folder, name):
+    """Create `folder` if needed and make sure a file can be written there; `name` is for errors."""
+    folder = pathlib.Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{name} is not writable ({e.strerror or e})") from None

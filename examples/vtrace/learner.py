@@ -1,0 +1,230 @@
+"""The learner side of a V-trace peer: the loss, the optimizer and its schedule, the state a
+group shares (and checkpoints), and the thread that computes gradients while acting goes on.
+
+The experiment, the evaluator and the benchmark all take these from here, so that what is
+measured and evaluated is what trains.
+"""
+
+import concurrent.futures
+import copy
+import math
+import pathlib
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from examples.common import checkpoint, vtrace
+from examples.common.stats import Stats
+
+LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss"]
+
+
+def compute_loss(flags, model, batch):
+    """V-trace actor-critic loss on a learner batch of T+1 steps ([T+1, B, ...]).
+
+    Step t holds observation t, whether it starts a new episode (done), the reward that led to
+    it, the action taken from it and the acting policy's logits there.
+    """
+    core_state = batch.get("core_state", ())
+    outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
+    logits = outputs["policy_logits"][:-1]
+    values = outputs["baseline"][:-1]
+    rewards = batch["reward"][1:]
+    if flags.reward_clip:
+        rewards = rewards.clamp(-flags.reward_clip, flags.reward_clip)
+    discounts = (~batch["done"][1:]).float() * flags.discounting
+    actions = batch["action"][:-1]
+    returns = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][:-1],
+        target_policy_logits=logits,
+        actions=actions,
+        discounts=discounts,
+        rewards=rewards,
+        values=values.detach(),
+        bootstrap_value=outputs["baseline"][-1].detach(),
+    )
+    num_samples = actions.numel()
+    pg_loss = vtrace.policy_gradient_loss(logits, actions, returns.pg_advantages) / num_samples
+    baseline_loss = vtrace.baseline_loss(returns.vs - values) / num_samples
+    entropy_loss = vtrace.entropy_loss(logits) / num_samples
+    total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
+    stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
+             "entropy_loss": entropy_loss.item()}  # fmt: skip
+    return total, stats
+
+
+def gradients(flags, model, batch):
+    """The gradients (one per parameter, in order) and the losses of one learner batch."""
+    loss, losses = compute_loss(flags, model, batch)
+    return torch.autograd.grad(loss, list(model.parameters())), losses
+
+
+def create_optimizer(flags, model):
+    return torch.optim.Adam(
+        model.parameters(),
+        lr=flags.optimizer.learning_rate,
+        betas=(flags.optimizer.beta_1, flags.optimizer.beta_2),
+        eps=flags.optimizer.epsilon,
+    )
+
+
+def learning_rate(flags, env_train_steps):
+    """Linear warm-up over `warmup` steps, then linear decay to 0 at total_steps."""
+    scale = max(0.0, 1.0 - env_train_steps / flags.total_steps)
+    if flags.warmup > 0:
+        scale *= min(1.0, env_train_steps / flags.warmup)
+    return flags.optimizer.learning_rate * scale
+
+
+class LearnerState:
+    """What a peer hands to newcomers and writes to checkpoints: weights, optimizer, counters."""
+
+    def __init__(self, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        # Exact and identical on every peer: grown by the reduced batch size at every update.
+        self.env_train_steps = 0
+        self.global_stats = Stats()  # all-reduced env steps and episode returns
+
+    def state_dict(self):
+        # On the CPU, so that a peer without a GPU can load what a GPU peer sends.
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = {
+            index: {key: value.cpu() if torch.is_tensor(value) else value
+                    for key, value in param_state.items()}
+            for index, param_state in optimizer["state"].items()
+        }  # fmt: skip
+        return {
+            "model": {key: value.cpu() for key, value in self.model.state_dict().items()},
+            "optimizer": optimizer,
+            "env_train_steps": self.env_train_steps,
+            "global_stats": self.global_stats.to_dict(),
+        }
+
+    def load_state_dict(self, state):
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.env_train_steps = state["env_train_steps"]
+        self.global_stats = Stats.from_dict(state["global_stats"])
+
+
+def step_optimizer(flags, state, virtual_batch):
+    """One optimizer step on the group's summed gradients of `virtual_batch` unrolls; returns
+    the gradient norm before clipping."""
+    state.env_train_steps += virtual_batch * flags.unroll_length
+    for param_group in state.optimizer.param_groups:
+        param_group["lr"] = learning_rate(flags, state.env_train_steps)
+    grad_norm = nn.utils.clip_grad_norm_(state.model.parameters(), flags.grad_norm_clipping)
+    state.optimizer.step()
+    return float(grad_norm)
+
+
+def load_checkpoint(flags, state):
+    """Resume from savedir/checkpoint.tar if there is one; returns its model version or None."""
+    path = pathlib.Path(flags.savedir) / "checkpoint.tar"
+    if not path.exists():
+        return None
+    data = checkpoint.load(path)
+    saved_env = data.get("flags", {}).get("env", {}).get("name")
+    if saved_env and saved_env != flags.env.name:
+        raise checkpoint.CheckpointError(
+            f"{path} was trained on {saved_env}, not {flags.env.name}; "
+            "use another savedir or the same env.name"
+        )
+    try:
+        state.load_state_dict(data)
+    except (RuntimeError, KeyError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0]
+        raise checkpoint.CheckpointError(
+            f"{path} does not fit this model ({reason}); use another savedir or the same settings"
+        ) from None
+    return data["model_version"]
+
+
+def save_checkpoint(flags, state, model_version, history=False):
+    data = state.state_dict()
+    data["model_version"] = model_version
+    data["flags"] = OmegaConf.to_container(flags, resolve=True)
+    savedir = pathlib.Path(flags.savedir)
+    checkpoint.save_atomic(data, savedir / "checkpoint.tar")
+    if history:
+        checkpoint.save_atomic(data, savedir / f"checkpoint_v{model_version}.tar")
+
+
+class AsyncLearner:
+    """Computes the gradients of one learner batch at a time in a second thread, so that acting
+    goes on meanwhile (torch lets go of the GIL inside its kernels).
+
+    The thread works on its own copy of the model, refreshed before every batch: the Accumulator
+    and the optimizer change the live weights in place whenever they need to. A batch started
+    before the group changed (another sync id) may have been computed on other weights than the
+    group's, so its gradients are dropped rather than reduced.
+    """
+
+    def __init__(self, flags, model):
+        self.flags = flags
+        self.model = model
+        self.model_copy = copy.deepcopy(model)
+        self.thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
+        self.running = None  # (future of gradients(), the group's sync id when it started)
+        self.finished = None  # (gradients, sync id) not yet handed to the Accumulator
+        self.losses = dict.fromkeys(LOSS_NAMES, math.nan)
+
+    def idle(self):
+        return self.running is None and self.finished is None
+
+    def start(self, batch, sync_id):
+        self.model_copy.load_state_dict(self.model.state_dict())
+        future = self.thread.submit(gradients, self.flags, self.model_copy, batch)
+        self.running = future, sync_id
+
+    def update(self, accumulator, sync_id, queue):
+        """Hand finished gradients over when the Accumulator wants them, and start on the next
+        learner batch when it is free. Returns how many batches were dropped (0 or 1) because
+        the group changed since they started."""
+        if self.running is not None and self.running[0].done():
+            future, started_in = self.running
+            self.running = None
+            grads, self.losses = future.result()
+            self.finished = grads, started_in
+        dropped = 0
+        if self.finished is not None and accumulator.wants_gradients():
+            grads, started_in = self.finished
+            self.finished = None
+            if started_in == sync_id:
+                for param, grad in zip(self.model.parameters(), grads, strict=True):
+                    param.grad.copy_(grad)
+                accumulator.reduce_gradients(self.flags.batch_size)
+            else:
+                dropped = 1
+        if self.idle() and accumulator.wants_gradients() and queue.ready():
+            self.start(queue.get(), sync_id)
+        return dropped
+
+    def close(self):
+        self.thread.shutdown()  # waits for a running batch
+
+
+class Checkpointer:
+    """The leader writes savedir/checkpoint.tar every checkpoint_interval seconds, and keeps a
+    copy as checkpoint_v<model version>.tar every checkpoint_history_interval seconds."""
+
+    def __init__(self, flags, start):
+        self.flags = flags
+        self.last_write = self.last_history = start
+
+    def update(self, now, state, accumulator):
+        if not accumulator.is_leader() or now - self.last_write < self.flags.checkpoint_interval:
+            return
+        history = now - self.last_history >= self.flags.checkpoint_history_interval
+        save_checkpoint(self.flags, state, accumulator.model_version(), history=history)
+        self.last_write = now
+        if history:
+            self.last_history = now
+
+    def final(self, state, accumulator):
+        """The checkpoint written when the peer stops."""
+        if accumulator.is_leader() or not accumulator.connected():
+            save_checkpoint(self.flags, state, accumulator.model_version())
+            print(f"Checkpoint written to {self.flags.savedir}/checkpoint.tar")
