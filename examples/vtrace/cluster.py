@@ -191,18 +191,28 @@ def preemption_signal():
 class Preemption:
     """Turns the preemption signal into a clean stop, then lets submitit requeue the job.
 
-        preemption = Preemption(on_signal=lambda reason: stop.append(reason))
+        preemption = Preemption()             # before the EnvPool forks its workers
+        envs = moolib.EnvPool(...)
+        stop = []
+        preemption.connect(stop.append)       # stop.append(reason) once the signal comes
         ... training loop, until stop ...
-        ... free everything, write the checkpoint ...
-        preemption.requeue_if_signalled()  # under submitit: requeues and exits
+        ... write the checkpoint, free the EnvPool and every moolib object ...
+        preemption.requeue_if_signalled()     # under submitit: requeues the job and exits
 
-    Without submitit (a plain srun or sbatch with --signal=USR2@120) the signal only stops the
-    peer: the checkpoint is written, and Slurm's own --requeue starts it again if asked to.
+    Create it before anything forks: Slurm sends the signal to every process of the job step,
+    EnvPool workers included, and a worker that kept the default action would die of it; with
+    this handler inherited, a worker only notes the signal in its own memory and goes on
+    stepping, and the main process stops them when it stops. A signal that comes before
+    `connect` is kept and passed on there.
+
+    Without submitit (a plain srun, or sbatch --signal=USR2@120) the signal only stops the peer:
+    the checkpoint is written, and Slurm's --requeue brings the job back if the cluster does so.
     """
 
-    def __init__(self, on_signal):
+    def __init__(self):
         self.signum = None
-        self._on_signal = on_signal
+        self._on_signal = None
+        self._pid = os.getpid()
         self._signal = preemption_signal()
         previous = signal.getsignal(self._signal)
         # submitit installs a bound method of its SignalHandler; anything else is not its.
@@ -210,10 +220,21 @@ class Preemption:
         self._submitit_handler = previous if type(owner).__module__.startswith("submitit") else None
         signal.signal(self._signal, self._handle)
 
+    def connect(self, on_signal):
+        self._on_signal = on_signal
+        if self.signum is not None:
+            on_signal(self.reason)
+
+    @property
+    def reason(self):
+        return f"{signal.Signals(self.signum).name}: time limit or preemption"
+
     def _handle(self, signum, _frame):
-        if self.signum is None:
-            self.signum = signum
-            self._on_signal(f"{signal.Signals(signum).name}: time limit or preemption")
+        if os.getpid() != self._pid or self.signum is not None:
+            return  # a forked worker, or the signal again
+        self.signum = signum
+        if self._on_signal is not None:
+            self._on_signal(self.reason)
 
     @property
     def will_requeue(self):
@@ -224,7 +245,6 @@ class Preemption:
         the signal, this requeues the job and exits (SystemExit); otherwise it returns."""
         if not self.will_requeue:
             return
-        print(
-            f"Handing {signal.Signals(self.signum).name} to submitit to requeue the job", flush=True
-        )
+        name = signal.Signals(self.signum).name
+        print(f"Handing {name} to submitit to requeue the job", flush=True)
         self._submitit_handler(self.signum, None)

@@ -137,8 +137,9 @@ def test_preemption_signal_stops_first_and_requeues_after(restore_usr2):
     handler = FakeSubmititHandler()
     signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
     stop = []
-    preemption = cluster.Preemption(on_signal=stop.append)
-    os.kill(os.getpid(), signal.SIGUSR2)
+    preemption = cluster.Preemption()
+    os.kill(os.getpid(), signal.SIGUSR2)  # before connect: kept
+    preemption.connect(stop.append)
     os.kill(os.getpid(), signal.SIGUSR2)  # a second signal changes nothing
     assert stop == ["SIGUSR2: time limit or preemption"] and handler.calls == []
     assert preemption.will_requeue
@@ -150,7 +151,8 @@ def test_preemption_signal_stops_first_and_requeues_after(restore_usr2):
 def test_without_submitit_the_signal_only_stops(restore_usr2):
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     stop = []
-    preemption = cluster.Preemption(on_signal=stop.append)
+    preemption = cluster.Preemption()
+    preemption.connect(stop.append)
     os.kill(os.getpid(), signal.SIGUSR2)
     assert stop and not preemption.will_requeue
     preemption.requeue_if_signalled()  # returns
@@ -159,9 +161,25 @@ def test_without_submitit_the_signal_only_stops(restore_usr2):
 def test_no_signal_no_requeue(restore_usr2):
     handler = FakeSubmititHandler()
     signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
-    preemption = cluster.Preemption(on_signal=lambda reason: None)
+    preemption = cluster.Preemption()
+    preemption.connect(lambda reason: None)
     preemption.requeue_if_signalled()
     assert handler.calls == []
+
+
+def test_a_forked_child_survives_the_signal_and_leaves_it_to_the_parent(restore_usr2):
+    handler = FakeSubmititHandler()
+    signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
+    stop = []
+    preemption = cluster.Preemption()
+    preemption.connect(stop.append)
+    child = os.fork()
+    if child == 0:  # an EnvPool worker: gets the signal too (Slurm signals the whole step)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os._exit(0 if preemption.signum is None else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert stop == [] and not preemption.will_requeue
 
 
 def test_preempt_signal_variable(monkeypatch):
