@@ -17,6 +17,7 @@ class Actor:
         self.model = model
         self.device = device
         self.use_lstm = flags.use_lstm
+        self.batch_size = flags.actor_batch_size
         self.unroll_steps = flags.unroll_length + 1
         batch_size, num_batches = flags.actor_batch_size, flags.num_actor_batches
         self.core_states = [model.initial_state(batch_size) for _ in range(num_batches)]

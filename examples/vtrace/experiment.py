@@ -53,7 +53,6 @@ from examples.vtrace.models import create_model
 
 # EnvPool's workers give up after two minutes without an action: act at least this often.
 KEEP_ENVS_ALIVE_S = 30
-WAITING_NOTE_S = 10
 
 
 def prepare(flags):
@@ -108,6 +107,34 @@ def stop_on_signals():
     return stop
 
 
+def act(actor, queue, log, group_stats):
+    """One step of the actor; a finished unroll goes to the learner's queue (or is dropped and
+    counted when the queue is full: acting only goes on then to keep the env workers alive)."""
+    unroll = actor.step()
+    stats = actor.take_stats()
+    log.add(stats)
+    group_stats.add(stats)
+    if unroll is not None and queue.full():
+        log.count("dropped_unrolls")
+    elif unroll is not None:
+        queue.put(unroll, actor.batch_size)
+
+
+def progress(state, accumulator, group, learner_stats):
+    """The group's side of a log row; logs.py adds this peer's own numbers."""
+    return {
+        "step": state.env_train_steps,
+        "env_train_steps": state.env_train_steps,
+        "model_version": accumulator.model_version(),
+        "global_mean_episode_return": state.global_stats.mean("episode_return"),
+        "global_env_steps": state.global_stats.sum("env_steps"),
+        "peers": len(group.members()),
+        "is_leader": int(accumulator.is_leader()),
+        "lr": state.optimizer.param_groups[0]["lr"],
+        **learner_stats,
+    }
+
+
 def train(flags, device):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     envs, observation_space, action_space = create_envs(flags)
@@ -131,11 +158,11 @@ def train(flags, device):
     actor = Actor(flags, envs, model, device)
     queue = LearnerQueue(flags, device)
     learner = AsyncLearner(flags, model)
-    start = last_act = last_note = time.monotonic()
+    start = last_act = time.monotonic()
     group_stats = GroupStats(group, flags.log_interval)
     log = ProgressLog(flags, start)
     checkpoints = Checkpointer(flags, start)
-    grad_norm, virtual_batch = float("nan"), 0
+    optimizer_stats = {"grad_norm": float("nan"), "virtual_batch_size": 0}
     stop = stop_on_signals()
 
     while not stop:
@@ -143,56 +170,28 @@ def train(flags, device):
         accumulator.update()
         now = time.monotonic()
         if not accumulator.connected():
-            if now - last_note >= WAITING_NOTE_S:
-                print(f"Waiting for the broker at {flags.connect} ...", flush=True)
-                last_note = now
+            log.note_waiting(now, flags.connect)
             time.sleep(0.05)
             if now - last_act < KEEP_ENVS_ALIVE_S:
                 continue
         share_state(accumulator, state)
-
         # Act, unless learning lags behind by more than max_queued_batches batches.
         if not queue.full() or now - last_act >= KEEP_ENVS_ALIVE_S:
             last_act = now
-            unroll = actor.step()
-            stats = actor.take_stats()
-            log.add(stats)
-            group_stats.add(stats)
-            if unroll is not None and queue.full():
-                log.count("dropped_unrolls")
-            elif unroll is not None:
-                queue.put(unroll, flags.actor_batch_size)
-
+            act(actor, queue, log, group_stats)
         if learner.update(accumulator, group.sync_id(), queue):
             log.count("dropped_batches")
-        elif queue.full():
-            time.sleep(0.001)  # waiting for the learner or for the group's gradients
-
         if accumulator.has_gradients():
-            virtual_batch = accumulator.get_gradient_stats()["batch_size"]
-            grad_norm = step_optimizer(flags, state, virtual_batch)
-            accumulator.zero_gradients()
-
+            optimizer_stats = step_optimizer(flags, state, accumulator)
         group_stats.update(state.global_stats, now)
         if state.env_train_steps >= flags.total_steps:
             stop.append(f"total_steps={flags.total_steps} reached")
         if log.due(now) or stop:
-            row = {
-                "step": state.env_train_steps,
-                "env_train_steps": state.env_train_steps,
-                "model_version": accumulator.model_version(),
-                "global_mean_episode_return": state.global_stats.mean("episode_return"),
-                "global_env_steps": state.global_stats.sum("env_steps"),
-                "virtual_batch_size": virtual_batch,
-                "peers": len(group.members()),
-                "is_leader": int(accumulator.is_leader()),
-                "lr": state.optimizer.param_groups[0]["lr"],
-                "grad_norm": grad_norm,
-                **learner.losses,
-                "time": now - start,
-            }
-            log.write(now, row, leader=accumulator.get_leader())
+            row = progress(state, accumulator, group, {**optimizer_stats, **learner.losses})
+            log.write(now, {**row, "time": now - start}, leader=accumulator.get_leader())
         checkpoints.update(now, state, accumulator)
+        if queue.full():
+            time.sleep(0.001)  # waiting for the learner or for the group's gradients
 
     learner.close()
     checkpoints.final(state, accumulator)

@@ -109,15 +109,16 @@ class LearnerState:
         self.global_stats = Stats.from_dict(state["global_stats"])
 
 
-def step_optimizer(flags, state, virtual_batch):
-    """One optimizer step on the group's summed gradients of `virtual_batch` unrolls; returns
-    the gradient norm before clipping."""
+def step_optimizer(flags, state, accumulator):
+    """One optimizer step on the group's reduced gradients; returns numbers for the log."""
+    virtual_batch = accumulator.get_gradient_stats()["batch_size"]  # unrolls, over all peers
     state.env_train_steps += virtual_batch * flags.unroll_length
     for param_group in state.optimizer.param_groups:
         param_group["lr"] = learning_rate(flags, state.env_train_steps)
     grad_norm = nn.utils.clip_grad_norm_(state.model.parameters(), flags.grad_norm_clipping)
     state.optimizer.step()
-    return float(grad_norm)
+    accumulator.zero_gradients()
+    return {"grad_norm": float(grad_norm), "virtual_batch_size": virtual_batch}
 
 
 def load_checkpoint(flags, state):

@@ -33,6 +33,8 @@ def start_wandb(flags):
     return run
 
 
+WAITING_NOTE_S = 10  # seconds between "Waiting for the broker" lines
+
 # The columns of logs.tsv, in order. A resumed run appends to the same file only while they
 # stay the same (see TsvLog), so new ones go at the end.
 COLUMNS = [
@@ -52,6 +54,14 @@ class ProgressLog:
         self.wandb = start_wandb(flags) if flags.wandb else None
         self.local = Stats()  # since the last row
         self.last_row = start
+        self.last_note = (
+            start - WAITING_NOTE_S + 3
+        )  # the first after 3 s: connecting takes a moment
+
+    def note_waiting(self, now, address):
+        if now - self.last_note >= WAITING_NOTE_S:
+            print(f"Waiting for the broker at {address} ...", flush=True)
+            self.last_note = now
 
     def add(self, stats):
         self.local += stats
