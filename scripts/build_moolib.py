@@ -3,9 +3,10 @@
 
 moolib's only registry release is the 0.0.9b0 sdist, which does not build with current
 cmake, Python 3.11 and libstdc++ as shipped. This script is the one place that knows how to
-make it build: it downloads that sdist by name, applies three small fixes (each explained
-below), builds a wheel against the torch already installed in this interpreter, caches it,
-and pip-installs it.
+make it build: it downloads that sdist by name, applies four small fixes (each explained in
+apply_fixes: three make it build, the fourth changes how tensorpipe polls at run time, so that an
+idle moolib process no longer keeps a core busy), builds a wheel against the torch already
+installed in this interpreter, caches it, and pip-installs it.
 
     python scripts/build_moolib.py            # build or reuse, then install
     USE_CUDA=1 python scripts/build_moolib.py # force the CUDA build (needs nvcc + CUDA torch)
