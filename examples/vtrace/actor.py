@@ -12,7 +12,8 @@ class Actor:
     worker processes, and keeps, for every batch, its core state, its unroll so far, and the
     running return of each of its episodes."""
 
-    def __init__(self, flags, envs, model, device):
+    def __init__(self, flags, envs, model, device, workers=None):
+        self.workers = workers
         self.envs = envs
         self.model = model
         self.device = device
@@ -34,7 +35,10 @@ class Actor:
         i = self.current
         self.current = (i + 1) % len(self.futures)
         # Copy out of the shared memory that the next step of this batch overwrites.
-        env_out = {key: value.clone() for key, value in self.futures[i].result().items()}
+        # Through workers.result when given: a dead env worker raises instead of hanging.
+        future = self.futures[i]
+        result = self.workers.result(future) if self.workers else future.result()
+        env_out = {key: value.clone() for key, value in result.items()}
         step = {key: value.to(self.device) for key, value in env_out.items()}
         with torch.no_grad():
             inputs = {"state": step["state"].unsqueeze(0), "done": step["done"].unsqueeze(0)}

@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 from examples.common.checkpoint import CheckpointError
 from examples.common.envs import EnvFactory
 from examples.common.stats import GroupStats
+from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 from examples.vtrace.actor import Actor, LearnerQueue
 from examples.vtrace.config import (
     ConfigError,
@@ -71,7 +72,7 @@ def prepare(flags):
 
 
 def create_envs(flags):
-    """The EnvPool and the spaces of its envs."""
+    """The EnvPool, the guard of its worker processes (workers.py) and the spaces of its envs."""
     env_factory = EnvFactory(
         flags.env.name,
         # Distinct episodes on every peer; the same ones again for the same seed and local_name.
@@ -81,13 +82,22 @@ def create_envs(flags):
         noop_max=flags.env.noop_max,
     )
     observation_space, action_space = env_factory.spaces()
-    envs = moolib.EnvPool(
-        env_factory,
-        num_processes=flags.num_actor_cpus,
-        batch_size=flags.actor_batch_size,
-        num_batches=flags.num_actor_batches,
-    )
-    return envs, observation_space, action_space
+    if not hasattr(action_space, "n"):
+        raise ConfigError(
+            f"env.name: {flags.env.name} has {type(action_space).__name__} actions; "
+            "this agent needs Discrete ones"
+        )
+    workers = EnvWorkers(env_factory, flags.num_actor_cpus)
+    # Forked with SIGINT/SIGTERM blocked: a signal to the process group leaves the workers
+    # stepping, and this process stops them when it is done.
+    with workers.forking():
+        envs = moolib.EnvPool(
+            workers.create_env,
+            num_processes=flags.num_actor_cpus,
+            batch_size=flags.actor_batch_size,
+            num_batches=flags.num_actor_batches,
+        )
+    return envs, workers, observation_space, action_space
 
 
 def share_state(accumulator, state):
@@ -137,7 +147,7 @@ def progress(state, accumulator, group, learner_stats):
 
 def train(flags, device):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
-    envs, observation_space, action_space = create_envs(flags)
+    envs, workers, observation_space, action_space = create_envs(flags)
     model = create_model(observation_space, action_space.n, use_lstm=flags.use_lstm).to(device)
     state = LearnerState(model, create_optimizer(flags, model))
     resumed_version = load_checkpoint(flags, state)
@@ -155,7 +165,7 @@ def train(flags, device):
         accumulator.set_model_version(resumed_version)
         print(f"Resumed from {flags.savedir}/checkpoint.tar at model version {resumed_version}")
 
-    actor = Actor(flags, envs, model, device)
+    actor = Actor(flags, envs, model, device, workers)
     queue = LearnerQueue(flags, device)
     learner = AsyncLearner(flags, model)
     start = last_act = time.monotonic()
@@ -164,6 +174,7 @@ def train(flags, device):
     checkpoints = Checkpointer(flags, start)
     optimizer_stats = {"grad_norm": float("nan"), "virtual_batch_size": 0}
     stop = stop_on_signals()
+    dead_worker = None
 
     while not stop:
         group.update()
@@ -178,7 +189,11 @@ def train(flags, device):
         # Act, unless learning lags behind by more than max_queued_batches batches.
         if not queue.full() or now - last_act >= KEEP_ENVS_ALIVE_S:
             last_act = now
-            act(actor, queue, log, group_stats)
+            try:
+                act(actor, queue, log, group_stats)
+            except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
+                dead_worker = e
+                stop.append("an env worker died")
         if learner.update(accumulator, group.sync_id(), queue):
             log.count("dropped_batches")
         if accumulator.has_gradients():
@@ -198,6 +213,9 @@ def train(flags, device):
     log.close()
     print(f"Stopped ({stop[0]}) at {state.env_train_steps} env steps trained, "
           f"model version {accumulator.model_version()}")  # fmt: skip
+    if dead_worker is not None:
+        print(f"experiment: error: {dead_worker}; restart this peer to resume", file=sys.stderr)
+        exit_now(1)  # a thread still waits on the dead worker: see workers.exit_now
     # moolib's objects point at each other: free them newest first, not in Python's order.
     del queue, accumulator, group, rpc
     return 0

@@ -148,7 +148,9 @@ def save_checkpoint(flags, state, model_version, history=False):
     data["model_version"] = model_version
     data["flags"] = OmegaConf.to_container(flags, resolve=True)
     savedir = pathlib.Path(flags.savedir)
-    checkpoint.save_atomic(data, savedir / "checkpoint.tar")
+    # Never over a newer checkpoint (raises checkpoint.NotNewer): a peer that fell behind or
+    # never joined must not put the group's training back.
+    checkpoint.save_if_newer(data, savedir / "checkpoint.tar")
     if history:
         checkpoint.save_atomic(data, savedir / f"checkpoint_v{model_version}.tar")
 
@@ -201,6 +203,11 @@ class AsyncLearner:
                 dropped = 1
         if self.idle() and accumulator.wants_gradients() and queue.ready():
             self.start(queue.get(), sync_id)
+        if self.finished is None and accumulator.wants_gradients():
+            # moolib's contract: reduce or skip whenever it wants gradients. Nothing ready here
+            # (a backward still running, or no batch): skip, so that the others' reduction does
+            # not wait for this peer. Gradients that finish later go to the next round.
+            accumulator.skip_gradients()
         return dropped
 
     def close(self):
@@ -214,18 +221,37 @@ class Checkpointer:
     def __init__(self, flags, start):
         self.flags = flags
         self.last_write = self.last_history = start
+        # Leader of a connected group at the last update: a stopping leader whose broker went
+        # away at the same moment still writes its final checkpoint.
+        self.was_leader = False
 
     def update(self, now, state, accumulator):
-        if not accumulator.is_leader() or now - self.last_write < self.flags.checkpoint_interval:
+        self.was_leader = accumulator.is_leader() and accumulator.connected()
+        if not self.was_leader or now - self.last_write < self.flags.checkpoint_interval:
             return
         history = now - self.last_history >= self.flags.checkpoint_history_interval
-        save_checkpoint(self.flags, state, accumulator.model_version(), history=history)
         self.last_write = now
+        try:
+            save_checkpoint(self.flags, state, accumulator.model_version(), history=history)
+        except checkpoint.NotNewer as e:
+            print(f"Checkpoint not written: {e}")
+            return
         if history:
             self.last_history = now
 
     def final(self, state, accumulator):
-        """The checkpoint written when the peer stops."""
-        if accumulator.is_leader() or not accumulator.connected():
+        """The checkpoint written when the peer stops, by the connected leader only; otherwise
+        one line says why not."""
+        if not (self.was_leader or (accumulator.is_leader() and accumulator.connected())):
+            if not accumulator.connected():
+                why = f"this peer never joined its group (no broker at {self.flags.connect})"
+            else:
+                why = f"this peer is not the group's leader ({accumulator.get_leader()} is)"
+            print(f"Checkpoint not written: {why}")
+            return
+        try:
             save_checkpoint(self.flags, state, accumulator.model_version())
-            print(f"Checkpoint written to {self.flags.savedir}/checkpoint.tar")
+        except checkpoint.NotNewer as e:
+            print(f"Checkpoint not written: {e}")
+            return
+        print(f"Checkpoint written to {self.flags.savedir}/checkpoint.tar")
