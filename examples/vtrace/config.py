@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from examples.common.address import parse_address
 from examples.common.envs import check_env_name
+from examples.vtrace.models import PRECISIONS
 
 
 class ConfigError(Exception):
@@ -76,6 +77,9 @@ class ExperimentConfig:
     warmup: int = 0  # env steps of linear learning-rate warm-up
     use_lstm: bool = False
     torch_threads: int = 1  # torch intra-op threads; 0 = torch's default (one per core)
+    # fp32, or bf16 (the torso under bf16 autocast; weights, optimizer and checkpoints stay
+    # fp32); auto: bf16 for the Atari ResNet on a CPU with bf16 instructions, else fp32.
+    precision: str = "auto"
 
     log_interval: float = 10  # seconds between log rows and progress lines
     checkpoint_interval: float = 600  # seconds between checkpoint.tar writes (leader only)
@@ -132,6 +136,8 @@ def check_flags(flags):
         )
     if not 0 <= flags.discounting <= 1:
         raise ConfigError(f"discounting must be in [0, 1], got {flags.discounting}")
+    if flags.precision not in ("auto", *PRECISIONS):
+        raise ConfigError(f"precision must be auto, fp32 or bf16, got {flags.precision!r}")
     if flags.virtual_batch_size < flags.batch_size:
         raise ConfigError(
             f"virtual_batch_size ({flags.virtual_batch_size}) is less than batch_size "

@@ -148,13 +148,18 @@ def progress(state, accumulator, group, learner_stats):
 def train(flags, device):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     envs, workers, observation_space, action_space = create_envs(flags)
-    model = create_model(observation_space, action_space.n, use_lstm=flags.use_lstm).to(device)
+    model = create_model(
+        observation_space, action_space.n, flags.use_lstm, flags.precision, device
+    ).to(device)
     state = LearnerState(model, create_optimizer(flags, model))
     resumed_version = load_checkpoint(flags, state)
     model.zero_grad(set_to_none=False)  # the Accumulator needs every .grad to exist
 
     group_name = f"{flags.entity}/{flags.project}/{flags.group}"
-    print(f"Peer {flags.local_name} of {group_name} on {device}; logs in {flags.localdir}")
+    print(
+        f"Peer {flags.local_name} of {group_name} on {device} ({model.precision}); "
+        f"logs in {flags.localdir}"
+    )
     rpc = moolib.Rpc()
     rpc.set_name(flags.local_name)
     rpc.connect(flags.connect)

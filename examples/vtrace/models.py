@@ -61,6 +61,10 @@ def layer_init(layer: nn.Module, gain: float = np.sqrt(2), bias: float = 0.0) ->
 class ActorCriticBase(nn.Module):
     """Policy and baseline heads on top of a torso, with an optional LSTM core in between."""
 
+    # Whether precision="auto" runs this torso in bf16 where the CPU has bf16 instructions: only
+    # where that was measured to be faster (bench/limits.py), not merely not slower.
+    bf16_on_cpu = False
+
     def __init__(
         self, hidden_size: int, num_actions: int, use_lstm: bool = False, precision: str = "fp32"
     ):
@@ -165,6 +169,8 @@ class AtariNet(ActorCriticBase):
     # conversion around every convolution: 1.8x faster on a CPU. The weights keep their layout.
     # torch.contiguous_format gives the layout of earlier versions (the benchmark compares both).
     memory_format = torch.channels_last
+    # 1.8x the learner's samples/s of fp32 (with channels-last) on an AVX512-BF16 CPU.
+    bf16_on_cpu = True
 
     def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
         super().__init__(256, num_actions, use_lstm, precision)
@@ -225,22 +231,36 @@ def _is_atari(shape: tuple) -> bool:
     return len(shape) == 3 and shape[0] <= MINATAR_MAX_SIDE < min(shape[1], shape[2])
 
 
+def resolve_precision(precision: str, net: type[ActorCriticBase], device="cpu") -> str:
+    """precision, with "auto" made "bf16" where it was measured faster: the nets that say so
+    (bf16_on_cpu) on a CPU with bf16 instructions; "fp32" elsewhere. On a GPU bf16 is not yet
+    measured (bench/gpu_check.sh does), so auto stays fp32 there."""
+    if precision != "auto":
+        return check_precision(precision)
+    on_cpu = torch.device(device).type == "cpu"
+    return "bf16" if net.bf16_on_cpu and on_cpu and bf16_supported("cpu") else "fp32"
+
+
 def create_model(
     observation_space: gym.spaces.Box,
     num_actions: int,
     use_lstm: bool = False,
     precision: str = "fp32",
+    device="cpu",
 ) -> ActorCriticBase:
-    """Pick the torso that fits the observation space's shape."""
+    """Pick the torso that fits the observation space's shape. precision: "fp32", "bf16" or
+    "auto" (see resolve_precision; device only serves that choice: the model is made on the CPU)."""
     shape = tuple(observation_space.shape)
     if len(shape) == 1:
-        return MLPNet(shape, num_actions, use_lstm, precision)
-    if _is_minatar(shape):
-        return MinAtarNet(shape, num_actions, use_lstm, precision)
-    if _is_atari(shape):
-        return AtariNet(shape, num_actions, use_lstm, precision)
-    raise ValueError(
-        f"No model for observation shape {shape}: expected a 1-D vector (MLPNet), "
-        f"channels-last [H, W, C] with H, W <= {MINATAR_MAX_SIDE} (MinAtarNet), or "
-        f"channels-first stacked frames [C, H, W] with H, W > {MINATAR_MAX_SIDE} (AtariNet)."
-    )
+        net = MLPNet
+    elif _is_minatar(shape):
+        net = MinAtarNet
+    elif _is_atari(shape):
+        net = AtariNet
+    else:
+        raise ValueError(
+            f"No model for observation shape {shape}: expected a 1-D vector (MLPNet), "
+            f"channels-last [H, W, C] with H, W <= {MINATAR_MAX_SIDE} (MinAtarNet), or "
+            f"channels-first stacked frames [C, H, W] with H, W > {MINATAR_MAX_SIDE} (AtariNet)."
+        )
+    return net(shape, num_actions, use_lstm, resolve_precision(precision, net, device))

@@ -241,3 +241,14 @@ def test_channels_last_changes_layout_not_results():
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision must be one of"):
         create_model(gym.spaces.Box(0, 1, (4,)), NUM_ACTIONS, precision="fp16")
+
+
+def test_auto_precision_is_bf16_only_where_measured_faster():
+    from examples.vtrace.models import bf16_supported
+
+    atari = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    expected = "bf16" if bf16_supported("cpu") else "fp32"
+    assert create_model(atari, NUM_ACTIONS, precision="auto").precision == expected
+    assert create_model(atari, NUM_ACTIONS, precision="auto", device="cuda:0").precision == "fp32"
+    cartpole = gym.spaces.Box(-1, 1, (4,))
+    assert create_model(cartpole, NUM_ACTIONS, precision="auto").precision == "fp32"
