@@ -42,7 +42,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[test,bench]'
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 broker: $(STAMP)
 	$(PY) -m moolib.broker

@@ -2,15 +2,13 @@
 stopped, the TSV reader, and the CartPole settings and command line of the V-trace experiment."""
 
 import csv
-import os
 import pathlib
-import queue
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
+
+# Child has one home, shared with the benchmark, which starts its peers with it.
+from bench.processes import Child  # noqa: F401
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -30,89 +28,6 @@ def wait_for_port(host, port, timeout):
         except OSError:
             time.sleep(0.1)
     return False
-
-
-class Child:
-    """A child process whose combined output is collected line by line in the background."""
-
-    def __init__(self, args, name, cwd=None, env=None):
-        self.name = name
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-        for key, value in (env or {}).items():  # None removes a variable
-            if value is None:
-                full_env.pop(key, None)
-            else:
-                full_env[key] = value
-        self.proc = subprocess.Popen(
-            args,
-            cwd=cwd or REPO,
-            env=full_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # so stop() can take EnvPool workers down with it
-        )
-        self.lines = []
-        self._queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            self._queue.put(line)
-        self._queue.put(None)
-
-    @property
-    def output(self):
-        return "\n".join(self.lines)
-
-    def wait_for_line(self, predicate, timeout):
-        """Block until an output line satisfies predicate; returns it, or None on timeout/exit."""
-        for line in list(self.lines):
-            if predicate(line):
-                return line
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            try:
-                line = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                return None
-            if line is None:
-                return None
-            if predicate(line):
-                return line
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def signal(self, sig):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def stop(self):
-        """Terminate the whole process group; SIGKILL whatever is left after a grace period."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            if self.wait(10) is None:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # EnvPool workers may outlive the parent
-        except ProcessLookupError:
-            pass
-        self.wait(10)
-
-
 
 
 def read_rows(path):

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU check of issue 12, in one run of at most 10 minutes on a machine with one GPU, about 16
+# cores, Python 3.12 with a CUDA build of torch, nvcc, cmake and ninja, and no network:
+#
+#   1. installs the examples' packages from WHEELS (made here by bench/gpu_wheels.sh);
+#   2. builds moolib with CUDA (scripts/build_moolib.py, its sdist also from WHEELS);
+#   3. runs the test suite's CUDA test (tests/unit/test_vtrace.py::test_cuda_matches_cpu);
+#   4. measures the learner on the GPU in fp32 and bf16, then runs one V-trace peer of the seed's
+#      command (env.name=ALE/Breakout-v5, default batch sizes, device=cuda:0, one EnvPool process
+#      per core) for RUN_SECONDS, and prints its agent steps per second next to published
+#      figures (bench/gpu_run.py).
+#
+#   bench/gpu_check.sh              # on the GPU machine
+#   bench/gpu_check.sh --dry-run    # on a CPU: device=cpu, tiny sizes, every step in a few minutes
+#
+# Environment: PYTHON (default python3.12; its environment receives the packages), WHEELS
+# (default bench/gpu-wheels), RUN_SECONDS (default 240), MOOLIB_WHEEL_CACHE (build_moolib.py's).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dry_run=0
+case "${1:-}" in
+    "") ;;
+    --dry-run) dry_run=1 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (expected nothing or --dry-run)" >&2; exit 2 ;;
+esac
+python=${PYTHON:-python3.12}
+wheels=$(realpath -m "${WHEELS:-bench/gpu-wheels}")
+start=$SECONDS
+step() { echo "[gpu_check $((SECONDS - start)) s] $*"; }
+
+if ! command -v "$python" >/dev/null; then
+    echo "gpu_check.sh: $python not found (set PYTHON)" >&2; exit 2
+fi
+if ! ls "$wheels"/moolib-*.tar.gz >/dev/null 2>&1; then
+    echo "gpu_check.sh: no moolib sdist in $wheels: run bench/gpu_wheels.sh first" >&2; exit 2
+fi
+cuda=$("$python" -c "import torch; print(int(torch.cuda.is_available()))") || {
+    echo "gpu_check.sh: $python cannot import torch" >&2; exit 2; }
+if [[ $dry_run == 0 && $cuda != 1 ]]; then
+    echo "gpu_check.sh: torch in $python sees no GPU; use --dry-run on a CPU" >&2; exit 2
+fi
+"$python" -c "import torch, platform; print('python', platform.python_version(), 'torch', \
+torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if \
+torch.cuda.is_available() else 'no GPU')"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+
+# No network: pip takes everything from the folder, the moolib build's own pip calls too.
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$wheels" PIP_BREAK_SYSTEM_PACKAGES=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+step "installing packages from $wheels"
+"$python" -m pip install -q gymnasium ale-py opencv-python-headless minatar hydra-core omegaconf \
+    plotext psutil numpy pytest pytest-timeout
+
+step "building moolib (CUDA $([[ $dry_run == 1 ]] && echo off || echo on))"
+if [[ $dry_run == 1 ]]; then
+    USE_CUDA=0 "$python" scripts/build_moolib.py
+else
+    USE_CUDA=1 "$python" scripts/build_moolib.py
+fi
+
+step "the CUDA test"
+test_out=$("$python" -m pytest -q -rs -p no:cacheprovider \
+    "tests/unit/test_vtrace.py::test_cuda_matches_cpu" 2>&1) || { echo "$test_out"; exit 1; }
+echo "$test_out" | tail -3
+if [[ $dry_run == 0 ]] && ! grep -q "1 passed" <<<"$test_out"; then
+    echo "gpu_check.sh: the CUDA test did not run" >&2; exit 1
+fi
+
+if [[ $dry_run == 1 ]]; then
+    step "one peer, device=cpu, tiny sizes"
+    "$python" -m bench.gpu_run --device cpu --tiny --seconds "${RUN_SECONDS:-20}" --warmup 10
+else
+    step "learner and one peer on cuda:0"
+    "$python" -m bench.gpu_run --device cuda:0 --seconds "${RUN_SECONDS:-240}" --warmup 45
+fi
+step "done"
