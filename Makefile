@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint format bench broker clean
+.PHONY: install run test test-fast lint format bench results broker clean
 
 # Always re-checks every step (each is quick when already done), so it is safe to run again.
 install:
@@ -43,6 +43,11 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The MinAtar table and curves in docs/ (5 games x 3 seeds x 5M steps: about an hour on 2 idle
+# cores); finished runs in /tmp/bench-minatar are reused. Not part of CI.
+results: $(STAMP)
+	$(PY) -m bench.minatar $(RESULTS_ARGS)
 
 broker: $(STAMP)
 	$(PY) -m moolib.broker

@@ -31,12 +31,19 @@ def _close_open_envs():
 
 
 class OldGymApi:
-    """Presents a gymnasium env with the reset/step signatures moolib's EnvPool calls."""
+    """Presents a gymnasium env with the reset/step signatures moolib's EnvPool calls.
 
-    def __init__(self, env, seed=None):
+    With ``mark_truncation``, observations become ``{"state": obs, "truncated": flag}`` and an
+    episode cut by a time limit ends in two steps (see ``truncation_step``), so that a learner can
+    bootstrap from the last observation instead of taking the cut for a real end.
+    """
+
+    def __init__(self, env, seed=None, mark_truncation=False):
         _open_envs.add(self)
         self.env = env
         self.seed = seed
+        self.mark_truncation = mark_truncation
+        self.cut_obs = None  # last observation of a truncated episode, until its filler step
         self.action_space = env.action_space
         self.observation_space = env.observation_space
 
@@ -45,16 +52,59 @@ class OldGymApi:
         # gives a reproducible sequence of episodes.
         obs, _ = self.env.reset(seed=self.seed)
         self.seed = None
-        return _contiguous(obs)
+        self.cut_obs = None
+        return self._observation(obs, truncated=False)
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(int(action))
-        return _contiguous(obs), float(reward), bool(terminated or truncated), info
+        if not self.mark_truncation:
+            obs, reward, terminated, truncated, info = self.env.step(int(action))
+            return _contiguous(obs), float(reward), bool(terminated or truncated), info
+        return truncation_step(self, action)
+
+    def _observation(self, obs, truncated):
+        if not self.mark_truncation:
+            return _contiguous(obs)
+        return marked_observation(obs, truncated)
 
     def close(self):
         if self.env is not None:
             self.env.close()
             self.env = None
+
+
+TRUNCATED_KEY = "truncated"
+
+
+def marked_observation(obs, truncated):
+    """The observation as EnvPool hands it on when truncation is marked: ``state`` and a flag."""
+    if isinstance(obs, dict):
+        raise TypeError("mark_truncation needs array observations, not a dict")
+    return {"state": _contiguous(obs), TRUNCATED_KEY: np.array(bool(truncated))}
+
+
+def truncation_step(api, action):
+    """One EnvPool step of ``api`` (an OldGymApi with mark_truncation) that keeps time limits apart
+    from real ends of episodes.
+
+    gymnasium says ``truncated`` when a time limit cuts an episode: the last observation still has
+    a value. EnvPool only knows ``done``, and on done it resets and hands out the first observation
+    of the next episode instead. So a truncation is spread over two steps:
+
+    1. the last observation, with its reward, ``done=False`` and ``truncated=True``: the step
+       before it bootstraps from its value as from any other observation;
+    2. a filler step that ignores the action: reward 0, ``done=True``, so EnvPool resets and the
+       next episode starts. The learner masks out the transition that leaves the flagged
+       observation, so the filler neither teaches the value of the last observation to be 0 nor
+       trains the policy on an action that never happened.
+    """
+    if api.cut_obs is not None:
+        obs, api.cut_obs = api.cut_obs, None
+        return marked_observation(obs, False), 0.0, True, {}
+    obs, reward, terminated, truncated, info = api.env.step(int(action))
+    if truncated and not terminated:
+        api.cut_obs = obs
+        return marked_observation(obs, True), float(reward), False, info
+    return marked_observation(obs, False), float(reward), bool(terminated), info
 
 
 def _contiguous(obs):
@@ -133,13 +183,14 @@ class EnvFactory:
     EnvPool calls ``create_env()`` inside forked worker processes with no arguments. A counter in
     shared memory (inherited through the fork) numbers the instances, so instance i gets seed
     ``base_seed + i``. With one worker process the env-to-slot assignment, and hence the whole run,
-    is reproducible; with several, the set of seeds is.
+    is reproducible; with several, the set of seeds is. ``mark_truncation`` is OldGymApi's.
     """
 
-    def __init__(self, name, seed=0, **env_kwargs):
+    def __init__(self, name, seed=0, mark_truncation=False, **env_kwargs):
         check_env_name(name)
         self.name = name
         self.seed = seed
+        self.mark_truncation = mark_truncation
         self.env_kwargs = env_kwargs
         self.counter = multiprocessing.Value("l", 0)
 
@@ -148,7 +199,8 @@ class EnvFactory:
             index = self.counter.value
             self.counter.value += 1
         seed = self.seed + index
-        return OldGymApi(make_env(self.name, seed=seed, **self.env_kwargs), seed=seed)
+        env = make_env(self.name, seed=seed, **self.env_kwargs)
+        return OldGymApi(env, seed=seed, mark_truncation=self.mark_truncation)
 
     def spaces(self):
         """(observation_space, action_space) of one env, built and closed in this process."""

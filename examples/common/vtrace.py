@@ -38,6 +38,7 @@ def from_logits(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
+    mask: torch.Tensor | None = None,
 ) -> VTraceFromLogitsReturns:
     """V-trace from the actor's (behaviour) and learner's (target) policy logits."""
     target_action_log_probs = action_log_probs(target_policy_logits, actions)
@@ -51,6 +52,7 @@ def from_logits(
         bootstrap_value=bootstrap_value,
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
+        mask=mask,
     )
     return VTraceFromLogitsReturns(
         vs=vtrace_returns.vs,
@@ -70,16 +72,23 @@ def from_importance_weights(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
+    mask: torch.Tensor | None = None,
 ) -> VTraceReturns:
     """V-trace targets from log importance weights log(pi(a)/mu(a)).
 
     Targets are constants for the learner, hence no_grad. A threshold of None disables clipping.
+    ``mask`` ([T, B], false = not a real transition, such as the filler step after a time-limit
+    cut) zeroes that step's TD error, trace and advantage: there vs = V(x), so its value is
+    neither trained nor passed on, and the step before still bootstraps from V(x).
     """
     rhos = torch.exp(log_rhos)
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
     # The paper's c-bar is fixed at 1: traces are cut as soon as the target policy is less
     # likely than the behaviour policy, which keeps the variance of the product bounded.
     cs = rhos.clamp(max=1.0)
+    if mask is not None:
+        clipped_rhos = clipped_rhos * mask
+        cs = cs * mask
 
     # V(x_{s+1}) for every s, with the bootstrap value standing in for V(x_T).
     values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
@@ -100,6 +109,8 @@ def from_importance_weights(
         clipped_pg_rhos = rhos
     else:
         clipped_pg_rhos = rhos.clamp(max=clip_pg_rho_threshold)
+    if mask is not None:
+        clipped_pg_rhos = clipped_pg_rhos * mask
     pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_t_plus_1 - values)
 
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
@@ -121,7 +132,12 @@ def baseline_loss(advantages: torch.Tensor) -> torch.Tensor:
     return 0.5 * (advantages**2).sum()
 
 
-def entropy_loss(logits: torch.Tensor) -> torch.Tensor:
-    """Sum of pi * log pi, i.e. the negative entropy; minimising it encourages exploration."""
+def entropy_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum of pi * log pi, i.e. the negative entropy; minimising it encourages exploration.
+
+    ``mask`` ([T, B]) leaves out the steps where it is false."""
     log_policy = F.log_softmax(logits, dim=-1)
-    return (log_policy.exp() * log_policy).sum()
+    negative_entropy = (log_policy.exp() * log_policy).sum(-1)
+    if mask is not None:
+        negative_entropy = negative_entropy * mask
+    return negative_entropy.sum()

@@ -66,6 +66,7 @@ class ExperimentConfig:
     unroll_length: int = 20  # learner T
     virtual_batch_size: int = 32  # least samples per optimizer step, summed over peers
     max_queued_batches: int = 2  # learner batches acted ahead before acting waits for learning
+    learner_passes: int = 1  # optimizer steps per learner batch (2: learn from every batch twice)
     total_steps: int = 50_000_000  # env steps trained on, over the whole group
 
     discounting: float = 0.99
@@ -106,7 +107,7 @@ _MISSING = object()
 
 POSITIVE_INTEGERS = ["actor_batch_size", "num_actor_batches", "num_actor_cpus", "batch_size",
                      "unroll_length", "virtual_batch_size", "total_steps", "max_queued_batches",
-                     "env.num_action_repeats"]  # fmt: skip
+                     "learner_passes", "env.num_action_repeats"]  # fmt: skip
 POSITIVE_NUMBERS = ["log_interval", "checkpoint_interval", "checkpoint_history_interval",
                     "optimizer.learning_rate"]  # fmt: skip
 

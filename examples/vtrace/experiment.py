@@ -80,6 +80,9 @@ def create_envs(flags):
         repeat_action_probability=flags.env.repeat_action_probability,
         num_action_repeats=flags.env.num_action_repeats,
         noop_max=flags.env.noop_max,
+        # Time-limit cuts come as a flagged last observation and a filler step (see envs.py):
+        # the learner bootstraps from the last observation's value instead of taking it as 0.
+        mark_truncation=True,
     )
     observation_space, action_space = env_factory.spaces()
     if not hasattr(action_space, "n"):

@@ -35,6 +35,9 @@ def compute_loss(flags, model, batch):
         rewards = rewards.clamp(-flags.reward_clip, flags.reward_clip)
     discounts = (~batch["done"][1:]).float() * flags.discounting
     actions = batch["action"][:-1]
+    # The step that leaves the last observation of a time-limit cut is a filler
+    # (envs.truncation_step): it bootstraps nothing and teaches nothing.
+    mask = ~batch["truncated"][:-1] if "truncated" in batch else None
     returns = vtrace.from_logits(
         behavior_policy_logits=batch["policy_logits"][:-1],
         target_policy_logits=logits,
@@ -43,11 +46,12 @@ def compute_loss(flags, model, batch):
         rewards=rewards,
         values=values.detach(),
         bootstrap_value=outputs["baseline"][-1].detach(),
+        mask=mask,
     )
     num_samples = actions.numel()
     pg_loss = vtrace.policy_gradient_loss(logits, actions, returns.pg_advantages) / num_samples
     baseline_loss = vtrace.baseline_loss(returns.vs - values) / num_samples
-    entropy_loss = vtrace.entropy_loss(logits) / num_samples
+    entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
     total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
     stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
              "entropy_loss": entropy_loss.item()}  # fmt: skip
@@ -85,6 +89,8 @@ class LearnerState:
         self.optimizer = optimizer
         # Exact and identical on every peer: grown by the reduced batch size at every update.
         self.env_train_steps = 0
+        # Samples learned from, each pass over a batch counted (see learner_passes).
+        self.learned_samples = 0
         self.global_stats = Stats()  # all-reduced env steps and episode returns
 
     def state_dict(self):
@@ -99,6 +105,7 @@ class LearnerState:
             "model": {key: value.cpu() for key, value in self.model.state_dict().items()},
             "optimizer": optimizer,
             "env_train_steps": self.env_train_steps,
+            "learned_samples": self.learned_samples,
             "global_stats": self.global_stats.to_dict(),
         }
 
@@ -106,13 +113,18 @@ class LearnerState:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.env_train_steps = state["env_train_steps"]
+        self.learned_samples = state.get("learned_samples")  # None: from before learner_passes
         self.global_stats = Stats.from_dict(state["global_stats"])
 
 
 def step_optimizer(flags, state, accumulator):
     """One optimizer step on the group's reduced gradients; returns numbers for the log."""
     virtual_batch = accumulator.get_gradient_stats()["batch_size"]  # unrolls, over all peers
-    state.env_train_steps += virtual_batch * flags.unroll_length
+    if state.learned_samples is None:
+        state.learned_samples = state.env_train_steps * flags.learner_passes
+    state.learned_samples += virtual_batch * flags.unroll_length
+    # Every batch is learned from learner_passes times: env steps are the new samples only.
+    state.env_train_steps = state.learned_samples // flags.learner_passes
     for param_group in state.optimizer.param_groups:
         param_group["lr"] = learning_rate(flags, state.env_train_steps)
     grad_norm = nn.utils.clip_grad_norm_(state.model.parameters(), flags.grad_norm_clipping)
@@ -173,6 +185,7 @@ class AsyncLearner:
         self.running = None  # (future of gradients(), the group's sync id when it started)
         self.finished = None  # (gradients, sync id) not yet handed to the Accumulator
         self.losses = dict.fromkeys(LOSS_NAMES, math.nan)
+        self.last_batch, self.passes_left = None, 0
 
     def idle(self):
         return self.running is None and self.finished is None
@@ -201,14 +214,29 @@ class AsyncLearner:
                 accumulator.reduce_gradients(self.flags.batch_size)
             else:
                 dropped = 1
-        if self.idle() and accumulator.wants_gradients() and queue.ready():
-            self.start(queue.get(), sync_id)
+        if self.idle() and accumulator.wants_gradients():
+            batch = self.next_batch(queue)
+            if batch is not None:
+                self.start(batch, sync_id)
         if self.finished is None and accumulator.wants_gradients():
             # moolib's contract: reduce or skip whenever it wants gradients. Nothing ready here
             # (a backward still running, or no batch): skip, so that the others' reduction does
             # not wait for this peer. Gradients that finish later go to the next round.
             accumulator.skip_gradients()
         return dropped
+
+    def next_batch(self, queue):
+        """The batch to learn from next: the last one again until it has had learner_passes
+        passes (each on the weights the previous pass updated; V-trace corrects for the policy
+        having moved), then a new one from the queue; None if there is none yet."""
+        if self.passes_left > 0:
+            self.passes_left -= 1
+            return self.last_batch
+        if not queue.ready():
+            return None
+        self.last_batch = queue.get()
+        self.passes_left = self.flags.learner_passes - 1
+        return self.last_batch
 
     def close(self):
         self.thread.shutdown()  # waits for a running batch

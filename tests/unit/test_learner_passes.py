@@ -1,0 +1,84 @@
+"""learner_passes: every learner batch is learned from that many times, and only its first pass
+counts as new env steps (the learning-rate schedule and total_steps are in env steps)."""
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from examples.vtrace.learner import AsyncLearner, LearnerState, step_optimizer
+
+
+class Queue:
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def ready(self):
+        return bool(self.batches)
+
+    def get(self):
+        return self.batches.pop(0)
+
+
+class Accumulator:
+    def __init__(self, batch_size):
+        self.batch_size = batch_size
+
+    def get_gradient_stats(self):
+        return {"batch_size": self.batch_size}
+
+    def zero_gradients(self):
+        pass
+
+
+def flags(passes):
+    return SimpleNamespace(
+        learner_passes=passes, unroll_length=20, total_steps=10**6, warmup=0,
+        grad_norm_clipping=40.0, optimizer=SimpleNamespace(learning_rate=0.001),
+    )  # fmt: skip
+
+
+def state():
+    model = nn.Linear(2, 1)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    return LearnerState(model, torch.optim.Adam(model.parameters()))
+
+
+def test_each_batch_comes_back_for_every_pass():
+    learner = AsyncLearner(flags(3), nn.Linear(2, 1))
+    queue = Queue(["a", "b"])
+    taken = [learner.next_batch(queue) for _ in range(7)]
+    learner.close()
+    assert taken == ["a", "a", "a", "b", "b", "b", None]
+
+
+def test_one_pass_takes_a_new_batch_every_time():
+    learner = AsyncLearner(flags(1), nn.Linear(2, 1))
+    queue = Queue(["a", "b"])
+    assert [learner.next_batch(queue) for _ in range(3)] == ["a", "b", None]
+    learner.close()
+
+
+def test_env_steps_count_new_samples_only():
+    s = state()
+    for _ in range(4):  # two batches of 8 unrolls, two passes each
+        step_optimizer(flags(2), s, Accumulator(8))
+    assert s.env_train_steps == 2 * 8 * 20
+    assert s.learned_samples == 4 * 8 * 20
+
+
+def test_one_pass_counts_as_before():
+    s = state()
+    step_optimizer(flags(1), s, Accumulator(8))
+    assert s.env_train_steps == 8 * 20
+
+
+def test_checkpoint_from_before_learner_passes():
+    s = state()
+    saved = s.state_dict()
+    del saved["learned_samples"]
+    saved["env_train_steps"] = 1000
+    s.load_state_dict(saved)
+    step_optimizer(flags(2), s, Accumulator(8))
+    assert s.env_train_steps == 1000 + 8 * 20 // 2

@@ -1,0 +1,46 @@
+"""The preset config group: preset=NAME changes only what the preset says, no preset keeps the
+defaults, and command-line overrides still win over a preset."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from examples.vtrace.config import CONFIG_DIR, check_flags  # also registers the schema
+
+PRESETS = sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml"))
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_the_presets_are_there():
+    assert {"minatar", "cartpole", "atari_cpu"} <= set(PRESETS)
+
+
+def test_no_preset_is_the_default_config():
+    flags = config()
+    assert flags.env.name == "ALE/Pong-v5"
+    assert flags.actor_batch_size == 128 and flags.total_steps == 50_000_000
+
+
+def test_minatar_preset():
+    flags = config("preset=minatar", "env.name=MinAtar/Seaquest-v1")
+    assert flags.env.name == "MinAtar/Seaquest-v1"
+    assert flags.device == "cpu" and flags.num_actor_cpus == 1
+    assert flags.total_steps == 5_000_000 and flags.reward_clip == 0
+
+
+def test_command_line_beats_the_preset():
+    flags = config("preset=minatar", "batch_size=32", "optimizer.learning_rate=0.01")
+    assert flags.batch_size == 32 and flags.optimizer.learning_rate == 0.01
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_passes_the_flag_checks(preset):
+    check_flags(config(f"preset={preset}"))
+
+
+def test_atari_cpu_preset_keeps_atari():
+    flags = config("preset=atari_cpu", "env.name=ALE/Breakout-v5")
+    assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 8
