@@ -53,7 +53,7 @@ CHOICES = {"precision": PRECISIONS}
 # steps and the group forming; its window holds enough log rows for a steady slope.
 MODES = {
     "smoke": dict(env_warmup=2, env_seconds=5, learner_warmup_steps=1, learner_seconds=5,
-                  peak_seconds=1, agent_warmup=10, agent_seconds=15, scaling_warmup=10,
+                  peak_seconds=1, agent_warmup=20, agent_seconds=15, scaling_warmup=20,
                   scaling_seconds=15, log_interval=2, a2c_steps=5_000, a2c_seeds=[0],
                   a2c_defaults_steps=5_000, sb3_steps=5_000, sb3_seeds=[0]),
     "quick": dict(env_warmup=5, env_seconds=20, learner_warmup_steps=2, learner_seconds=30,
@@ -61,6 +61,8 @@ MODES = {
                   scaling_seconds=60, log_interval=5, a2c_steps=100_000, a2c_seeds=[0, 1, 2],
                   a2c_defaults_steps=None, sb3_steps=100_000, sb3_seeds=[0, 1, 2]),
 }  # fmt: skip
+for mode in MODES.values():
+    mode["before_seconds"] = mode["agent_seconds"]
 MODES["long"] = dict(MODES["quick"], agent_seconds=600)
 
 
@@ -81,6 +83,13 @@ def parse_args(argv=None):
         "--only", default=",".join(PARTS), help=f"comma-separated subset of: {', '.join(PARTS)}"
     )
     p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results file")
+    p.add_argument(
+        "--before",
+        type=pathlib.Path,
+        metavar="DIR",
+        help="a checkout of earlier code (git worktree add DIR COMMIT): its V-trace agent runs "
+        "too, with the same settings, for the speed-up of the agent",
+    )
     args = p.parse_args(argv)
     args.mode = "smoke" if args.smoke else "long" if args.long else "quick"
     args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
@@ -91,6 +100,8 @@ def parse_args(argv=None):
         check_env_name(args.env)
     except ValueError as e:
         p.error(f"--env: {e}")
+    if args.before and not (args.before / "examples" / "vtrace" / "experiment.py").is_file():
+        p.error(f"--before {args.before}: no examples/vtrace/experiment.py there")
     args.settings = dict(VTRACE_SETTINGS)
     for item in args.set:
         key, _, value = item.partition("=")
@@ -125,7 +136,7 @@ def run_parts(args, mode, results):
     results["errors"] and the others still run."""
     # Imported here so that `--help` and bad arguments answer at once.
     from bench.a2c import measure_a2c, measure_sb3
-    from bench.agent import measure_agent, measure_scaling
+    from bench.agent import measure_agent, measure_agent_before, measure_scaling
     from bench.limits import measure_limits
 
     timings, errors, v = results["timings_seconds"], results["errors"], results["vtrace"]
@@ -150,6 +161,12 @@ def run_parts(args, mode, results):
         if agent:
             v.update(agent[0])
             results["memory"] = agent[1]
+    if args.before and "agent_sps" in v:
+        before = timed(
+            "agent before", measure_agent_before, args.env, args.settings, mode, args.before
+        )
+        if before:
+            v.update(before)
     if "learner_limit_sps" in v and "agent_sps" in v:
         # Again after the agent: the machine's speed drifts, and the agent ran in between.
         again = timed("limits again", measure_limits, args.env, args.settings, mode)

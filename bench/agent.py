@@ -83,9 +83,11 @@ class Peers:
     """A broker and one experiment peer per entry of peer_settings, all in one group; all are
     stopped when the with block ends."""
 
-    def __init__(self, workdir, env_name, peer_settings, log_interval, group):
+    def __init__(self, workdir, env_name, peer_settings, log_interval, group, code=None):
         self.workdir = workdir
         self.args = (env_name, peer_settings, log_interval, group)
+        # Another checkout of the examples to run the peers from (the code of an earlier commit).
+        self.code = {"cwd": code, "env": {"PYTHONPATH": str(code)}} if code else {}
         self.children, self.logs, self.cmds = [], [], []
 
     def __enter__(self):
@@ -97,7 +99,7 @@ class Peers:
             cmd = experiment_cmd(
                 broker, self.workdir, env_name, settings, log_interval, name, group
             )
-            self.children.append(Child(cmd, name))
+            self.children.append(Child(cmd, name, **self.code))
             self.logs.append(self.workdir / "savedir" / "peers" / name / "logs.tsv")
             self.cmds.append(cmd)
         return self
@@ -117,14 +119,14 @@ class Peers:
                 raise RuntimeError(f"{child.name} exited with {child.poll()}:\n{child.tail()}")
 
 
-def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, group):
+def run_peers(workdir, env_name, peer_settings, log_interval, warmup, seconds, group, code=None):
     """Run peers until each has logged `seconds` past `warmup` with all of them joined.
 
     The first peer's memory is sampled every second meanwhile. Returns (rows per peer,
     memory: samples [(seconds since start, RSS MB, after warm-up)], peak RSS MB and the RSS of
     its EnvPool workers at the end, commands).
     """
-    with Peers(workdir, env_name, peer_settings, log_interval, group) as peers:
+    with Peers(workdir, env_name, peer_settings, log_interval, group, code) as peers:
         first = peers.peers[0]
         start = time.monotonic()
         samples, peak, steady = [], None, False
@@ -191,7 +193,9 @@ def memory_summary(memory):
     }
 
 
-def measure_agent(env_name, settings, mode):
+def measure_agent(env_name, settings, mode, code=None):
+    """The agent's env_train_steps/s after the warm-up, and its memory; with `code`, the agent of
+    that checkout (an earlier commit) instead."""
     warmup = mode["agent_warmup"]
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         rows, memory, cmds = run_peers(
@@ -202,6 +206,7 @@ def measure_agent(env_name, settings, mode):
             warmup,
             mode["agent_seconds"],
             group=f"agent-{os.getpid()}",
+            code=code,
         )
     steady = [r for r in rows[0] if r["time"] >= warmup]
     agent = {
@@ -213,6 +218,16 @@ def measure_agent(env_name, settings, mode):
         "agent_cmd": " ".join(["python", *map(str, cmds[0][1:])]),
     }
     return agent, memory_summary(memory)
+
+
+def measure_agent_before(env_name, settings, mode, code):
+    """The agent of an earlier checkout, with the same settings and duration (not the ones its
+    config does not know)."""
+    earlier = {key: value for key, value in settings.items() if key != "precision"}
+    agent, _ = measure_agent(
+        env_name, earlier, dict(mode, agent_seconds=mode["before_seconds"]), code
+    )
+    return {"agent_before_sps": agent["agent_sps"], "agent_before_code": str(code)}
 
 
 def measure_scaling(env_name, settings, mode, one_peer_sps):

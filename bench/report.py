@@ -52,6 +52,14 @@ def vtrace_rows(results):
         rows.append(
             (f"V-trace {env}: agent, one peer (env_train_steps/s)", f"{v['agent_sps']:.0f} SPS")
         )
+    if "agent_before_sps" in v:
+        rows.append(
+            (
+                f"V-trace {env}: agent now / agent of the earlier code, same settings",
+                f"{v['agent_sps']:.0f} / {v['agent_before_sps']:.0f} SPS = "
+                f"{v['agent_sps'] / v['agent_before_sps']:.2f}x",
+            )
+        )
     if "ratio" in v:
         rows.append(("V-trace: agent / min(env limit, learner limit)", f"{v['ratio']:.2f}"))
     return rows
