@@ -47,7 +47,7 @@ VTRACE_SETTINGS = {
     "torch_threads": 1,
 }
 # Settings that are not whole numbers, with the values they take.
-CHOICES = {"precision": PRECISIONS}
+CHOICES = {"precision": ("auto", *PRECISIONS)}
 
 # Durations in seconds, sizes in env steps. The agent's warm-up skips start-up, the first learner
 # steps and the group forming; its window holds enough log rows for a steady slope.

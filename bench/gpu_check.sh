@@ -49,8 +49,10 @@ export PIP_NO_INDEX=1 PIP_FIND_LINKS="$wheels" PIP_BREAK_SYSTEM_PACKAGES=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 step "installing packages from $wheels"
-"$python" -m pip install -q gymnasium ale-py opencv-python-headless minatar hydra-core omegaconf \
-    plotext psutil numpy pytest pytest-timeout
+"$python" -m pip install -q gymnasium ale-py opencv-python-headless hydra-core omegaconf plotext \
+    psutil numpy pytest pytest-timeout
+# Without its plotting dependencies, which gpu_wheels.sh leaves out: its envs do not need them.
+"$python" -m pip install -q --no-deps minatar
 
 step "building moolib (CUDA $([[ $dry_run == 1 ]] && echo off || echo on))"
 if [[ $dry_run == 1 ]]; then
