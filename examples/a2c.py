@@ -326,10 +326,52 @@ def main(argv=None):
     return 0
 
 
+@torch.inference_mode()
+def act(model, env_out, core_state):
+    """Sample actions for one batch of envs ([B] from a [1, B] step); returns them and the core
+    state after the step."""
+    logits, _, core_after = model(env_out["state"][None], env_out["done"][None], core_state)
+    return torch.multinomial(F.softmax(logits[0], dim=-1), 1).squeeze(-1), core_after
+
+
+def learner_state(model, optimizer, schedule):
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule}
+
+
+def load_learner_state(state, model, optimizer):
+    """Take the leader's learner state; returns its learning-rate schedule."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return {"trained": 0, **state["schedule"]}
+
+
+def backward(args, model, rollout, initial_core):
+    """Fill every .grad with the gradients of the A2C loss on one rollout; returns the losses."""
+    logits, values, _ = model(rollout["state"], rollout["done"], initial_core)
+    loss, losses = a2c_loss(
+        logits, values, rollout["action"], rollout["reward"], rollout["done"],
+        args.discounting, args.baseline_cost, args.entropy_cost,
+    )  # fmt: skip
+    model.zero_grad(set_to_none=False)
+    loss.backward()
+    return losses
+
+
+def optimizer_step(args, model, optimizer, schedule, reduced):
+    """A step on the group's reduced gradients of `reduced` samples; returns the gradient norm.
+    The learning rate decays with the samples the group has reduced (the same count on every
+    peer), whatever the virtual batch size and however many peers join."""
+    schedule["trained"] += reduced
+    if schedule["decay_steps"]:
+        fraction = schedule["trained"] / schedule["decay_steps"]
+        optimizer.param_groups[0]["lr"] = schedule["lr"] * max(0.0, 1.0 - fraction)
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
+    optimizer.step()
+    return grad_norm.item()
+
+
 def train(args, envs, workers, model, optimizer, broker, group, accumulator, progress, stop):
     rollout_size = args.batch_size * args.unroll_length
-    # The learning rate decays with the samples the group has reduced (the same count on every
-    # peer), whatever the virtual batch size and however many peers join.
     schedule = {"lr": args.lr, "decay_steps": None if args.constant_lr else args.total_steps,
                 "trained": 0}  # fmt: skip
     core_states = [model.initial_state(args.batch_size) for _ in range(args.num_batches)]
@@ -358,24 +400,14 @@ def train(args, envs, workers, model, optimizer, broker, group, accumulator, pro
         # optimizer, so that it cannot start one step out of line with the others, and the
         # learning-rate schedule, so that all peers step with the same rate.
         if accumulator.wants_state():
-            accumulator.set_state(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "schedule": schedule}
-            )  # fmt: skip
+            accumulator.set_state(learner_state(model, optimizer, schedule))
         if accumulator.has_new_state():
-            state = accumulator.state()
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            schedule = {"trained": 0, **state["schedule"]}
+            schedule = load_learner_state(accumulator.state(), model, optimizer)
 
         # Act on one batch of envs while the other batches step in the worker processes.
         # Copy out: the result lives in shared memory that the next step of this batch reuses.
         env_out = {key: value.clone() for key, value in workers.result(futures[batch]).items()}
-        with torch.inference_mode():
-            obs = env_out["state"].unsqueeze(0)
-            done = env_out["done"].unsqueeze(0)
-            logits, _, core_after = model(obs, done, core_states[batch])
-            action = torch.multinomial(F.softmax(logits[0], dim=-1), 1).squeeze(-1)
+        action, core_after = act(model, env_out, core_states[batch])
         futures[batch] = envs.step(batch, action)
         rollouts[batch].append(
             {"state": env_out["state"], "done": env_out["done"],
@@ -398,31 +430,19 @@ def train(args, envs, workers, model, optimizer, broker, group, accumulator, pro
         if accumulator.wants_gradients():
             ready = [i for i, p in enumerate(pending) if p is not None]
             if ready:
-                rollout, initial_core = pending[ready[0]]
+                losses = backward(args, model, *pending[ready[0]])
                 pending[ready[0]] = None
-                logits, values, _ = model(rollout["state"], rollout["done"], initial_core)
-                loss, losses = a2c_loss(
-                    logits, values, rollout["action"], rollout["reward"], rollout["done"],
-                    args.discounting, args.baseline_cost, args.entropy_cost,
-                )  # fmt: skip
-                model.zero_grad(set_to_none=False)
-                loss.backward()
                 accumulator.reduce_gradients(rollout_size)
             else:
                 accumulator.skip_gradients()
 
         if accumulator.has_gradients():
             reduced = accumulator.get_gradient_stats()["batch_size"]
-            schedule["trained"] += reduced
-            if schedule["decay_steps"]:
-                fraction = schedule["trained"] / schedule["decay_steps"]
-                optimizer.param_groups[0]["lr"] = schedule["lr"] * max(0.0, 1.0 - fraction)
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clipping)
-            optimizer.step()
+            grad_norm = optimizer_step(args, model, optimizer, schedule, reduced)
             accumulator.zero_gradients()
             progress.row(
                 model_version=accumulator.model_version(), **losses,
-                grad_norm=grad_norm.item(), lr=optimizer.param_groups[0]["lr"],
+                grad_norm=grad_norm, lr=optimizer.param_groups[0]["lr"],
                 virtual_batch_size=reduced, peers=len(group.members()),
             )  # fmt: skip
         progress.maybe_print(accumulator.model_version(), len(group.members()))
