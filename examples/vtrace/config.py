@@ -50,11 +50,16 @@ class ExperimentConfig:
     device: str = "auto"  # auto = cuda:0 when CUDA is available, else cpu
     savedir: str = "/tmp/moolib-vtrace/savedir"  # shared by the group: checkpoint.tar lives here
     localdir: str = "${savedir}/peers/${local_name}"  # this peer's own logs.tsv
-    local_name: str = ""  # empty: HOSTNAME-PID
+    local_name: str = ""  # empty: peer<index> with peer=, else HOSTNAME-PID
     project: str = "moolib-vtrace"
     group: str = "default"
     entity: str = "moolib"  # with project and group, names the moolib Group and the wandb run
     wandb: bool = False  # true: log to wandb too (offline when there is no API key)
+    tensorboard: bool = False  # true: also write logs.tsv's scalars for TensorBoard to localdir
+    # This peer's index when a group starts at once: -m hydra/launcher=slurm peer='range(8)'
+    # (README: Running on a cluster). It names the peer (local_name=peer<index>) and, with
+    # device=auto, picks its GPU among those it shares with other peers.
+    peer: int | None = None
     seed: int = 0
 
     env: EnvConfig = field(default_factory=EnvConfig)

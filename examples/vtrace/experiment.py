@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 from examples.common.checkpoint import CheckpointError
 from examples.common.envs import EnvFactory
 from examples.common.stats import GroupStats
+from examples.vtrace import cluster
 from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 from examples.vtrace.actor import Actor, LearnerQueue
 from examples.vtrace.config import (
@@ -58,6 +59,11 @@ KEEP_ENVS_ALIVE_S = 30
 
 def prepare(flags):
     """Check the settings and the folders; returns the torch device."""
+    try:
+        # Under a launcher (peer=, Slurm, submitit): local_name, localdir and device=auto.
+        cluster.assign_identity(flags)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not flags.local_name:
         flags.local_name = f"{socket.gethostname()}-{os.getpid()}"
     check_flags(flags)
@@ -148,7 +154,7 @@ def progress(state, accumulator, group, learner_stats):
     }
 
 
-def train(flags, device):
+def train(flags, device, preemption=None):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     envs, workers, observation_space, action_space = create_envs(flags)
     model = create_model(
@@ -182,6 +188,8 @@ def train(flags, device):
     checkpoints = Checkpointer(flags, start)
     optimizer_stats = {"grad_norm": float("nan"), "virtual_batch_size": 0}
     stop = stop_on_signals()
+    if preemption is not None:
+        preemption.connect(stop.append)
     dead_worker = None
 
     while not stop:
@@ -231,11 +239,17 @@ def train(flags, device):
 
 @hydra.main(version_base=None, config_path=".", config_name="config")
 def main(flags: DictConfig):
+    # Before the EnvPool forks: its workers inherit the handler (see cluster.Preemption).
+    preemption = cluster.Preemption()
     try:
-        return train(flags, prepare(flags))
+        result = train(flags, prepare(flags), preemption)
     except (ConfigError, CheckpointError) as e:
         print(f"experiment: error: {e}", file=sys.stderr)
         sys.exit(2)
+    # Only now, with the checkpoint written and train's moolib objects freed: under submitit,
+    # after the preemption signal, this requeues the job and exits.
+    preemption.requeue_if_signalled()
+    return result
 
 
 if __name__ == "__main__":

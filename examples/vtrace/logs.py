@@ -7,6 +7,7 @@ import pathlib
 from omegaconf import OmegaConf
 
 from examples.common.stats import Stats
+from examples.common.tensorboard import TensorBoardLog
 from examples.common.tsvlog import TsvLog
 
 
@@ -52,6 +53,7 @@ class ProgressLog:
         self.interval = flags.log_interval
         self.tsv = TsvLog(pathlib.Path(flags.localdir) / "logs.tsv")
         self.wandb = start_wandb(flags) if flags.wandb else None
+        self.tensorboard = TensorBoardLog(flags.localdir) if flags.tensorboard else None
         self.local = Stats()  # since the last row
         self.last_row = start
         self.last_note = (
@@ -89,6 +91,8 @@ class ProgressLog:
         self.tsv.write(row)
         if self.wandb is not None:
             self.wandb.log(row)
+        if self.tensorboard is not None:
+            self.tensorboard.write(row)
         print(
             f"steps {row['env_train_steps']:>10d} | SPS {row['SPS']:7.0f} | "
             f"return {row['mean_episode_return']:7.2f} | version {row['model_version']} | "
@@ -102,3 +106,5 @@ class ProgressLog:
         self.tsv.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
