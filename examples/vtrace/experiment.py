@@ -31,8 +31,8 @@ from omegaconf import DictConfig
 from examples.common.checkpoint import CheckpointError
 from examples.common.envs import EnvFactory
 from examples.common.stats import GroupStats
-from examples.vtrace import cluster
 from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
+from examples.vtrace import cluster
 from examples.vtrace.actor import Actor, LearnerQueue
 from examples.vtrace.config import (
     ConfigError,
