@@ -14,7 +14,8 @@
 #   bench/gpu_check.sh --dry-run    # on a CPU: device=cpu, tiny sizes, every step in a few minutes
 #
 # Environment: PYTHON (default python3.12; its environment receives the packages), WHEELS
-# (default bench/gpu-wheels), RUN_SECONDS (default 240), MOOLIB_WHEEL_CACHE (build_moolib.py's).
+# (default bench/gpu-wheels), RUN_SECONDS (default 240), OUT (where gpu_results.json goes;
+# default bench/), MOOLIB_WHEEL_CACHE (build_moolib.py's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dry_run=0
@@ -25,6 +26,8 @@ case "${1:-}" in
 esac
 python=${PYTHON:-python3.12}
 wheels=$(realpath -m "${WHEELS:-bench/gpu-wheels}")
+# Into the device tool's $OUT where there is one, so that the figures come back.
+results=$(realpath -m "${OUT:-bench}/gpu_results.json")
 start=$SECONDS
 step() { echo "[gpu_check $((SECONDS - start)) s] $*"; }
 
@@ -71,9 +74,11 @@ fi
 
 if [[ $dry_run == 1 ]]; then
     step "one peer, device=cpu, tiny sizes"
-    "$python" -m bench.gpu_run --device cpu --tiny --seconds "${RUN_SECONDS:-20}" --warmup 10
+    "$python" -m bench.gpu_run --device cpu --tiny --seconds "${RUN_SECONDS:-20}" --warmup 10 \
+        --out "$results"
 else
     step "learner and one peer on cuda:0"
-    "$python" -m bench.gpu_run --device cuda:0 --seconds "${RUN_SECONDS:-240}" --warmup 45
+    "$python" -m bench.gpu_run --device cuda:0 --seconds "${RUN_SECONDS:-240}" --warmup 45 \
+        --out "$results"
 fi
 step "done"

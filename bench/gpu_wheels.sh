@@ -31,7 +31,7 @@ target=(--python-version "$version" --implementation cp --platform manylinux2014
 # MinAtar's plotting dependencies (matplotlib, seaborn, scipy, pandas: 70 MB) are left out:
 # its envs run without them.
 "$python" -m pip download -q --dest "$dir" --only-binary=:all: "${target[@]}" --no-deps \
-    "hydra-core>=1.3" "omegaconf>=2.3" "minatar>=1.0.15"
+    "hydra-core>=1.3" "omegaconf>=2.3,<2.4" "minatar>=1.0.15"
 "$python" -m pip wheel -q --wheel-dir "$dir" --no-deps "antlr4-python3-runtime==4.9.*"
 # The sdist that scripts/build_moolib.py builds from (it asks pip for it by name).
 moolib=$("$python" -c "import sys; sys.path.insert(0, 'scripts'); import build_moolib; print(build_moolib.MOOLIB_VERSION)")
