@@ -32,7 +32,7 @@ setuptools.setup(
         "imageio-ffmpeg>=0.4",
         "pygame>=2.1",  # gymnasium renders classic-control envs (evaluate video=) with it
         "psutil>=5.9",
-        # Many peers as one Slurm array job (or local processes) through Hydra: -m hydra/launcher=...
+        # Many peers as one Slurm array job (or local processes): -m hydra/launcher=...
         "hydra-submitit-launcher>=1.2",
         "submitit>=1.5",
         "tensorboard>=2.14",  # tensorboard=true writes logs.tsv's scalars for TensorBoard too

@@ -47,7 +47,7 @@ def wait_until(condition, timeout, interval=0.2):
     return None
 
 
-# CartPole settings for the V-trace experiment that learn in a few hundred thousand steps on 2 cores.
+# CartPole settings for the V-trace experiment: they learn in a few hundred thousand steps.
 CARTPOLE = [
     "env.name=CartPole-v1",
     "actor_batch_size=16",
