@@ -10,6 +10,10 @@
 #      per core) for RUN_SECONDS, and prints its agent steps per second next to published
 #      figures (bench/gpu_run.py).
 #
+# Known obstacle (2026-11-30, checked on the CPU machine with nvcc 13.0 and torch 2.14.1+cu130):
+# torch 2.14's headers require C++20, and moolib 0.0.9b0's sources do not compile as C++20
+# (src/function.h: use of deleted Storage()). With torch <= 2.13 (C++17) that does not arise.
+#
 #   bench/gpu_check.sh              # on the GPU machine
 #   bench/gpu_check.sh --dry-run    # on a CPU: device=cpu, tiny sizes, every step in a few minutes
 #
@@ -61,6 +65,28 @@ step "building moolib (CUDA $([[ $dry_run == 1 ]] && echo off || echo on))"
 if [[ $dry_run == 1 ]]; then
     USE_CUDA=0 "$python" scripts/build_moolib.py
 else
+    # What the CUDA build needed on a machine with nvcc 13 (seen on the CPU machine, where nvcc
+    # is a wrapper in /usr/local/bin): cmake finds the toolkit from nvcc's folder, so the
+    # toolkit's own bin/ comes first; torch's cmake files ask for libnvrtc.so, which a toolkit
+    # may lack but torch's CUDA wheel brings (as libnvrtc.so.13); and one architecture, this
+    # GPU's, instead of torch's list (faster, and CUDA 13 no longer builds for sm_50).
+    if [[ -z ${CUDA_HOME:-} ]]; then
+        CUDA_HOME=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")
+        # A wrapper script's folder is no toolkit: take the usual place then.
+        [[ -f $CUDA_HOME/include/cuda_runtime.h ]] || CUDA_HOME=/usr/local/cuda
+    fi
+    export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
+    if ! ls "$CUDA_HOME"/lib64/libnvrtc.so "$CUDA_HOME"/lib/libnvrtc.so >/dev/null 2>&1; then
+        nvrtc=$("$python" -c "import glob, os, torch; print((glob.glob(os.path.join(\
+os.path.dirname(torch.__file__), '..', 'nvidia', '*', 'lib', 'libnvrtc.so.*[0-9]')) + [''])[0])")
+        if [[ -n $nvrtc ]]; then
+            mkdir -p /tmp/gpu-check-lib && ln -sf "$nvrtc" /tmp/gpu-check-lib/libnvrtc.so
+            export CMAKE_LIBRARY_PATH=/tmp/gpu-check-lib
+        fi
+    fi
+    export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$("$python" -c \
+        "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))")}
+    echo "CUDA_HOME=$CUDA_HOME TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
     USE_CUDA=1 "$python" scripts/build_moolib.py
 fi
 
