@@ -154,7 +154,7 @@ def test_sigint_and_sigterm_exit_cleanly_with_a_final_checkpoint(children, broke
         before = time.time()
         peer.signal(sig)
         assert peer.wait(timeout=60) == 0, peer.output
-        assert (savedir / "checkpoint.tar").stat().st_mtime >= before
+        assert written_since(savedir / "checkpoint.tar", before)
         assert "Traceback" not in peer.output and "terminate called" not in peer.output
 
 
@@ -251,7 +251,7 @@ def test_a_signal_to_the_group_of_broker_and_peers_ends_every_peer_cleanly(child
             ended = ended[0]
             seconds = float(ended.rsplit(" ", 1)[1]) - signalled
             print(f"round {round_}: peer {name} exited {seconds:.1f} s after {sig.name}")
-        assert (savedir / "checkpoint.tar").stat().st_mtime >= signalled, leader
+        assert written_since(savedir / "checkpoint.tar", signalled), leader
         assert "Traceback" not in group.output
 
 
@@ -269,8 +269,15 @@ def test_a_killed_env_worker_stops_the_peer_after_its_checkpoint(children, broke
     assert code not in (0, None), peer.output[-2000:]
     assert f"(pid {victim}) was killed by SIGKILL" in peer.output, peer.output[-2000:]
     assert "Traceback" not in peer.output
-    assert (savedir / "checkpoint.tar").stat().st_mtime >= killed
+    assert written_since(savedir / "checkpoint.tar", killed)
     print(f"the peer stopped {noticed:.1f} s after its env worker was killed")
+
+
+def written_since(path, moment):
+    """Whether `path` was written after the time.time() `moment`. File times come from the
+    kernel's coarse clock, which lags time.time() by up to a few milliseconds; the tests' periodic
+    checkpoints are far apart, so 0.1 s of slack tells the same files apart."""
+    return path.exists() and path.stat().st_mtime >= moment - 0.1
 
 
 def descendants(pid):
