@@ -53,11 +53,11 @@ CHOICES = {"precision": ("auto", *PRECISIONS)}
 # steps and the group forming; its window holds enough log rows for a steady slope.
 MODES = {
     "smoke": dict(env_warmup=2, env_seconds=5, learner_warmup_steps=1, learner_seconds=5,
-                  peak_seconds=1, agent_warmup=20, agent_seconds=15, scaling_warmup=20,
+                  agent_warmup=20, agent_seconds=15, scaling_warmup=20,
                   scaling_seconds=15, log_interval=2, a2c_steps=5_000, a2c_seeds=[0],
                   a2c_defaults_steps=5_000, sb3_steps=5_000, sb3_seeds=[0]),
     "quick": dict(env_warmup=5, env_seconds=20, learner_warmup_steps=2, learner_seconds=30,
-                  peak_seconds=6, agent_warmup=20, agent_seconds=90, scaling_warmup=20,
+                  agent_warmup=20, agent_seconds=90, scaling_warmup=20,
                   scaling_seconds=60, log_interval=5, a2c_steps=100_000, a2c_seeds=[0, 1, 2],
                   a2c_defaults_steps=None, sb3_steps=100_000, sb3_seeds=[0, 1, 2]),
 }  # fmt: skip

@@ -20,11 +20,11 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.machine import measure_peak
+from bench.machine import MATMUL_SIZE, measure_peak
 from examples.common.envs import EnvFactory
 from examples.vtrace.config import ExperimentConfig
 from examples.vtrace.learner import LearnerState, create_optimizer, gradients, step_optimizer
-from examples.vtrace.models import PRECISIONS, create_model
+from examples.vtrace.models import PRECISIONS, bf16_supported, create_model
 
 
 def experiment_flags(settings):
@@ -124,6 +124,18 @@ class AloneInGroup:
         self.model.zero_grad(set_to_none=False)
 
 
+class MatmulBench:
+    """A 2048x2048 matrix product, counted in GFLOP: the machine's arithmetic peak."""
+
+    def __init__(self, dtype):
+        self.a = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype)
+        self.b = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype)
+        self.samples = 2 * MATMUL_SIZE**3 / 1e9
+
+    def step(self):
+        self.a @ self.b
+
+
 class LearnerBench:
     """One learner step of the experiment, on one model and a fixed random batch."""
 
@@ -195,14 +207,13 @@ def alternate(benches, warmup_steps, seconds, rounds=4):
     return {name: samples / elapsed for name, (samples, elapsed) in totals.items()}
 
 
-def measure_learner_limit(env_name, settings, warmup_steps, seconds, peak_seconds):
+def measure_learner_limit(env_name, settings, warmup_steps, seconds):
     """Samples (T x B) per second of the experiment's learner step, now and as before, with no
     envs and no moolib; the GFLOP per sample and GFLOP/s; the machine's matmul peak with the
     same number of threads; and the acting model's samples per second."""
     flags = experiment_flags(settings)
     if flags.torch_threads > 0:
         torch.set_num_threads(flags.torch_threads)
-    peak = measure_peak(peak_seconds, threads=torch.get_num_threads())
     observation_space, action_space = EnvFactory(env_name).spaces()
     num_actions = action_space.n
     benches = {
@@ -210,6 +221,11 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds, peak_second
         "before": LearnerBench(flags, observation_space, num_actions, before=True),
     }
     gflop = benches["before"].gflop_per_sample()
+    # The machine's peak in the same alternating rounds: on a shared machine a peak measured
+    # apart from the learner can come out below what the learner then reaches.
+    benches["matmul_fp32"] = MatmulBench(torch.float32)
+    if bf16_supported("cpu"):
+        benches["matmul_bf16"] = MatmulBench(torch.bfloat16)
     rates = in_thread(alternate, benches, warmup_steps, seconds)
     acting = {
         "now": ActingBench(flags, observation_space, num_actions),
@@ -225,8 +241,8 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds, peak_second
         "acting_sps": acting_rates["now"],
         "acting_before_sps": acting_rates["before"],
         "precision": acting["now"].model.precision,
-        "peak_fp32_gflops": peak["fp32_gflops"],
-        "peak_bf16_gflops": peak["bf16_gflops"],
+        "peak_fp32_gflops": rates["matmul_fp32"],
+        "peak_bf16_gflops": rates.get("matmul_bf16"),
     }
 
 
@@ -240,7 +256,6 @@ def measure_limits(env_name, settings, mode):
         settings,
         mode["learner_warmup_steps"],
         mode["learner_seconds"],
-        mode["peak_seconds"],
     )
     return {**env, **learner}
 
