@@ -2,6 +2,7 @@
 stopped, the TSV reader, and the CartPole settings and command line of the V-trace experiment."""
 
 import csv
+import os
 import pathlib
 import socket
 import sys
@@ -68,3 +69,22 @@ def experiment(broker, savedir, *overrides):
         f"connect={broker}", f"savedir={savedir}", "project=test", f"group={savedir.name}",
         *overrides,
     ]  # fmt: skip
+
+
+def descendants(pid):
+    """Pids of all processes below `pid` (EnvPool: its server, then the server's workers)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import REPO, read_rows
+from helpers import REPO, descendants, read_rows
 
 A2C = REPO / "examples" / "a2c.py"
 
@@ -144,26 +144,6 @@ def test_interrupt_stops_cleanly_and_env_workers_exit(children, tmp_path, sig):
     while process_group_alive(a2c.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not process_group_alive(a2c.proc.pid), "EnvPool workers outlived a2c.py"
-
-
-def descendants(pid):
-    """Pids of all processes below `pid` (EnvPool: its server, then the server's workers)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(
-                        int(entry)
-                    )
-            except (OSError, IndexError):
-                pass
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def start_training(children, tmp_path, *extra):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from helpers import CARTPOLE, REPO, experiment, free_port, wait_until
+from helpers import CARTPOLE, REPO, descendants, experiment, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -278,25 +278,6 @@ def written_since(path, moment):
     kernel's coarse clock, which lags time.time() by up to a few milliseconds; the tests' periodic
     checkpoints are far apart, so 0.1 s of slack tells the same files apart."""
     return path.exists() and path.stat().st_mtime >= moment - 0.1
-
-
-def descendants(pid):
-    """Pids of all processes below `pid` (EnvPool: its server, then the server's workers)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def test_continuous_actions_are_refused_in_one_line(tmp_path):

@@ -154,12 +154,21 @@ def test_resume_after_sigterm(children, broker, tmp_path):
     second = children(args, "second")
     line = second.wait_for_line(lambda s: s.startswith("Resumed from"), 120)
     assert line and f"model version {saved['model_version']}" in line, second.output
-    assert second.wait_for_line(lambda s: s.startswith("steps"), 120), second.output
+    # On a busy machine the first row can come before the first update: wait for one.
+    trained_on = second.wait_for_line(
+        lambda s: s.startswith("steps") and version_of(s) > saved["model_version"], 120
+    )
+    assert trained_on, second.output
     second.signal(signal.SIGINT)
     assert second.wait(timeout=60) == 0, second.output
     rows = read_rows(savedir / "peers" / "second" / "logs.tsv")
-    assert int(rows[0]["model_version"]) > saved["model_version"]
-    assert int(rows[0]["env_train_steps"]) > saved["env_train_steps"]
+    assert int(rows[0]["model_version"]) >= saved["model_version"]
+    assert int(rows[0]["env_train_steps"]) >= saved["env_train_steps"]
+    assert int(rows[-1]["env_train_steps"]) > saved["env_train_steps"]
+
+
+def version_of(progress_line):
+    return int(progress_line.split("| version ")[1].split()[0])
 
 
 @pytest.mark.slow
