@@ -95,7 +95,9 @@ def summarize_run(logs, total_steps):
     for i in range(50):
         lo, hi = i * chunk, (i + 1) * chunk
         curve.append([hi, episode_mean([r for r in rows if lo < r["step"] <= hi])])
+    commit_file = pathlib.Path(logs[0]).parents[2] / "commit"
     return {
+        "commit": commit_file.read_text().strip() if commit_file.exists() else None,
         "steps": int(steps),
         "final_return": episode_mean(last),
         "episodes_in_last_10pct": int(sum(row["episodes"] for row in last)),
@@ -123,6 +125,7 @@ def start_peers(args, broker, game, seed, savedir):
         "project=bench-minatar", "device=cpu", "log_interval=2",
         *args.set,
     ]  # fmt: skip
+    (savedir / "commit").write_text(git_commit() + "\n")  # the code this run trained with
     peers = []
     for i in range(args.peers):
         log = open(savedir.parent / f"{savedir.name}.peer{i}.out", "a")

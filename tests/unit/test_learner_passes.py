@@ -82,3 +82,63 @@ def test_checkpoint_from_before_learner_passes():
     s.load_state_dict(saved)
     step_optimizer(flags(2), s, Accumulator(8))
     assert s.env_train_steps == 1000 + 8 * 20 // 2
+
+
+class GroupAccumulator:
+    """Always wants gradients; its version moves only when the test says the group stepped."""
+
+    def __init__(self):
+        self.version, self.reduced, self.skipped = 0, 0, 0
+
+    def wants_gradients(self):
+        return True
+
+    def model_version(self):
+        return self.version
+
+    def reduce_gradients(self, batch_size):
+        self.reduced += 1
+
+    def skip_gradients(self):
+        self.skipped += 1
+
+
+def learner_for_a_linear_model():
+    model = nn.Linear(2, 1)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    f = SimpleNamespace(**vars(flags(1)), batch_size=1)
+    learner = AsyncLearner(f, model)
+    # No thread: a started batch is finished at once, its "gradients" being the batch itself.
+    learner.start = lambda batch, sync_id: setattr(learner, "finished", (batch, sync_id))
+    return learner
+
+
+def test_one_batch_per_optimizer_step_while_the_group_is_slow():
+    learner = learner_for_a_linear_model()
+    grads = [torch.ones(1, 2), torch.ones(1)]
+    queue = Queue([grads, grads, grads])
+    accumulator = GroupAccumulator()
+    for _ in range(5):  # the group takes no step: only the first batch is handed on
+        learner.update(accumulator, 0, queue)
+    assert accumulator.reduced == 1 and accumulator.skipped >= 4
+    accumulator.version += 1  # the group stepped: the next batch may go
+    learner.update(accumulator, 0, queue)
+    assert accumulator.reduced == 2
+    learner.close()
+
+
+def test_a_group_change_releases_the_batch_in_flight():
+    learner = learner_for_a_linear_model()
+    grads = [torch.ones(1, 2), torch.ones(1)]
+    queue = Queue([grads, grads, grads])
+    accumulator = GroupAccumulator()
+    learner.update(accumulator, 0, queue)
+    learner.update(accumulator, 0, queue)
+    assert accumulator.reduced == 1
+    # A new sync id: the reduction in flight is gone, nothing to wait for (the held batch was
+    # computed in the old group and is dropped).
+    assert learner.update(accumulator, 1, queue) == 1
+    learner.update(accumulator, 1, queue)
+    assert accumulator.reduced == 2
+    learner.close()
