@@ -186,9 +186,11 @@ class AsyncLearner:
         self.finished = None  # (gradients, sync id) not yet handed to the Accumulator
         self.losses = dict.fromkeys(LOSS_NAMES, math.nan)
         self.last_batch, self.passes_left = None, 0
-        # (model version, sync id) when this peer last reduced gradients, until the group has
-        # stepped past that version (or changed): see update().
+        # (model version, sync id, batches) this peer reduced since the group's last step, until
+        # the group steps past that version (or changes): see update(). A lone peer must be able
+        # to fill a virtual batch by itself, so up to that many batches may go per step.
         self.in_flight = None
+        self.batches_per_step = -(-flags.virtual_batch_size // flags.batch_size)
 
     def idle(self):
         return self.running is None and self.finished is None
@@ -212,25 +214,27 @@ class AsyncLearner:
             accumulator.model_version() > self.in_flight[0] or sync_id != self.in_flight[1]
         ):
             self.in_flight = None
-        # One batch of this peer per optimizer step at most: when the group's reductions are
+        # One virtual batch of this peer per optimizer step at most: when the group's reductions are
         # slower than this peer's backward passes (two peers on a busy machine), handing on
         # every batch would merge many of them into one step (virtual batches of 50-200 were
         # logged), and the group would take 4x fewer optimizer steps per env step than one peer.
-        if self.finished is not None and self.in_flight is None and accumulator.wants_gradients():
+        may_reduce = self.in_flight is None or self.in_flight[2] < self.batches_per_step
+        if self.finished is not None and may_reduce and accumulator.wants_gradients():
             grads, started_in = self.finished
             self.finished = None
             if started_in == sync_id:
                 for param, grad in zip(self.model.parameters(), grads, strict=True):
                     param.grad.copy_(grad)
                 accumulator.reduce_gradients(self.flags.batch_size)
-                self.in_flight = accumulator.model_version(), sync_id
+                batches = 1 if self.in_flight is None else self.in_flight[2] + 1
+                self.in_flight = accumulator.model_version(), sync_id, batches
             else:
                 dropped = 1
         if self.idle() and accumulator.wants_gradients():
             batch = self.next_batch(queue)
             if batch is not None:
                 self.start(batch, sync_id)
-        if (self.finished is None or self.in_flight is not None) and accumulator.wants_gradients():
+        if (self.finished is None or not may_reduce) and accumulator.wants_gradients():
             # moolib's contract: reduce or skip whenever it wants gradients. Nothing ready here
             # (a backward still running, or no batch): skip, so that the others' reduction does
             # not wait for this peer. Gradients that finish later go to the next round.

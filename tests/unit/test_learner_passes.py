@@ -33,8 +33,9 @@ class Accumulator:
 
 def flags(passes):
     return SimpleNamespace(
-        learner_passes=passes, unroll_length=20, total_steps=10**6, warmup=0,
-        grad_norm_clipping=40.0, optimizer=SimpleNamespace(learning_rate=0.001),
+        learner_passes=passes, unroll_length=20, batch_size=8, virtual_batch_size=8,
+        total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
+        optimizer=SimpleNamespace(learning_rate=0.001),
     )  # fmt: skip
 
 
@@ -103,11 +104,13 @@ class GroupAccumulator:
         self.skipped += 1
 
 
-def learner_for_a_linear_model():
+def learner_for_a_linear_model(batch_size=1, virtual=1):
     model = nn.Linear(2, 1)
     for param in model.parameters():
         param.grad = torch.zeros_like(param)
-    f = SimpleNamespace(**vars(flags(1)), batch_size=1)
+    f = SimpleNamespace(
+        **{**vars(flags(1)), "batch_size": batch_size, "virtual_batch_size": virtual}
+    )
     learner = AsyncLearner(f, model)
     # No thread: a started batch is finished at once, its "gradients" being the batch itself.
     learner.start = lambda batch, sync_id: setattr(learner, "finished", (batch, sync_id))
@@ -121,7 +124,7 @@ def test_one_batch_per_optimizer_step_while_the_group_is_slow():
     accumulator = GroupAccumulator()
     for _ in range(5):  # the group takes no step: only the first batch is handed on
         learner.update(accumulator, 0, queue)
-    assert accumulator.reduced == 1 and accumulator.skipped >= 4
+    assert accumulator.reduced == 1 and accumulator.skipped >= 3
     accumulator.version += 1  # the group stepped: the next batch may go
     learner.update(accumulator, 0, queue)
     assert accumulator.reduced == 2
@@ -141,4 +144,19 @@ def test_a_group_change_releases_the_batch_in_flight():
     assert learner.update(accumulator, 1, queue) == 1
     learner.update(accumulator, 1, queue)
     assert accumulator.reduced == 2
+    learner.close()
+
+
+def test_a_lone_peer_can_fill_a_virtual_batch_larger_than_its_batch():
+    learner = learner_for_a_linear_model(batch_size=4, virtual=8)
+    grads = [torch.ones(1, 2), torch.ones(1)]
+    queue = Queue([grads] * 4)
+    accumulator = GroupAccumulator()
+    for _ in range(6):
+        learner.update(accumulator, 0, queue)
+    assert accumulator.reduced == 2  # 2 x 4 = the virtual batch of 8, then it waits
+    accumulator.version += 1
+    for _ in range(3):
+        learner.update(accumulator, 0, queue)
+    assert accumulator.reduced == 4
     learner.close()
