@@ -232,6 +232,9 @@ def build_table(args, runs):
             "sps_mean": statistics.fmean(s["sps"] for s in seeds.values()) if seeds else None,
             "published": PUBLISHED[game],
         }
+    result["run_commits"] = sorted(
+        {summary["commit"] or "unknown" for seeds in games.values() for summary in seeds.values()}
+    )
     return result
 
 
@@ -257,6 +260,11 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def finite(x, y):
+    keep = [i for i, value in enumerate(y) if math.isfinite(value)]
+    return [x[i] for i in keep], [y[i] for i in keep]
+
+
 def plot_curves(result, path):
     import matplotlib
 
@@ -264,20 +272,30 @@ def plot_curves(result, path):
     import matplotlib.pyplot as plt
 
     games = list(result["games"])
-    fig, axes = plt.subplots(1, len(games), figsize=(3.6 * len(games), 3.4), layout="constrained")
-    axes = [axes] if len(games) == 1 else list(axes)
+    columns = min(3, len(games))
+    rows = -(-len(games) // columns)
+    size = (4.2 * columns, 3.3 * rows)
+    fig, axes = plt.subplots(rows, columns, figsize=size, layout="constrained", squeeze=False)
+    axes = list(axes.flat)
+    for ax in axes[len(games) :]:
+        ax.axis("off")
+    axes = axes[: len(games)]
     for ax, game in zip(axes, games, strict=True):
         row = result["games"][game]
         curves = []
         for seed, summary in row["seeds"].items():
             x = [point[0] / 1e6 for point in summary["curve"]]
             y = [point[1] for point in summary["curve"]]
-            ax.plot(x, y, lw=0.8, alpha=0.6, label=f"seed {seed}")
+            # A window without a finished episode (Freeway's envs end theirs together, every
+            # 2,500 steps) is left out rather than drawn as a gap.
+            ax.plot(*finite(x, y), lw=0.8, alpha=0.7, label=f"seed {seed}")
             curves.append(y)
-        if curves:
-            mean = [statistics.fmean(v) if all(map(math.isfinite, v)) else math.nan
-                    for v in zip(*curves, strict=True)]  # fmt: skip
-            ax.plot(x, mean, lw=2.2, color="black", label="mean")
+        if len(curves) > 1:
+            mean = []
+            for values in zip(*curves, strict=True):
+                values = [v for v in values if math.isfinite(v)]
+                mean.append(statistics.fmean(values) if values else math.nan)
+            ax.plot(*finite(x, mean), lw=2.2, color="black", label="mean of seeds")
         for key, label, style in [("ac_lambda", "AC(λ)", "--"), ("gymnax_ppo", "gymnax PPO", ":")]:
             value = row["published"][key]
             if value is not None:
@@ -286,12 +304,13 @@ def plot_curves(result, path):
         ax.set_title(game)
         ax.set_xlabel("env steps (millions)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("mean episode return")
+    for ax in axes[::columns]:
+        ax.set_ylabel("mean episode return")
     axes[0].legend(fontsize=7)
     fig.suptitle(
         f"V-trace, preset=minatar, {result['peers']} peer(s) on one {result['machine']['cpus']}-CPU"
         f" machine, {len(next(iter(result['games'].values()))['seeds'])} seed(s) per game "
-        f"(commit {result['commit']})",
+        f"(code at commit {', '.join(result['run_commits'])})",
         fontsize=9,
     )
     fig.savefig(path, dpi=100)
