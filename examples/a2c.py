@@ -380,7 +380,8 @@ def train(args, envs, workers, model, optimizer, broker, group, accumulator, pro
     pending = [None] * args.num_batches
     no_action = torch.zeros(args.batch_size, dtype=torch.int64)
     futures = [envs.step(i, no_action) for i in range(args.num_batches)]
-    losses = {}
+    # NaN until this peer learns from a rollout: a newcomer may step on others' gradients first.
+    losses = dict.fromkeys(["pg_loss", "baseline_loss", "entropy_loss"], math.nan)
     last_wait_note = time.monotonic()  # say nothing unless the wait lasts
     batch = 0
 

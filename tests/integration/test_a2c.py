@@ -112,12 +112,8 @@ def test_a_second_a2c_joins_the_first_and_gets_its_model(children, tmp_path):
     )
     assert second.wait(timeout=240) == 0, second.output
     rows = read_rows(tmp_path / "b" / "logs.tsv")
-    # The newcomer continued the first run's model (its versions start far from 0), and the
-    # two shared gradients: some steps had more than one rollout in them.
+    # The newcomer continued the first run's model (its versions start far from 0).
     assert int(rows[0]["model_version"]) > 20, rows[0]
-    assert any(int(r["virtual_batch_size"]) > 40 for r in rows), [
-        r["virtual_batch_size"] for r in rows
-    ]
     assert any(r["peers"] == "2" for r in rows)
 
 

@@ -88,5 +88,8 @@ def test_peers_on_different_hosts_train_together(hosts, children, tmp_path):
     for i in range(2):
         rows = read_rows(savedir / "peers" / f"peer{i}" / "logs.tsv")
         assert any(r["peers"] == "2" for r in rows), f"peer{i} never saw the other host"
-        assert any(int(r["virtual_batch_size"]) >= 32 for r in rows)
+        # The group trained on both hosts' samples: more than this peer acted on. (A step need
+        # not merge both peers' batches: a peer with nothing ready skips that round.)
+        acted = sum(float(r["local_env_steps"]) for r in rows)
+        assert acted < 0.95 * int(rows[-1]["env_train_steps"]), (acted, rows[-1])
     assert (savedir / "checkpoint.tar").exists()

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,27 +13,29 @@ from examples.common import workers
 
 
 def zombie(how):
-    """A child process that ended `how` and is not reaped yet, like a dead EnvPool worker."""
-    pid = os.fork()
-    if pid == 0:
-        if how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        os._exit(3)
-    deadline = time.monotonic() + 10
-    while workers.process_end(pid) is None and time.monotonic() < deadline:
+    """A child process that ended `how` and is not reaped yet, like a dead EnvPool worker. Not
+    os.fork(): moolib aborts a fork from a process where it has started threads."""
+    code = (
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+        if how == "kill"
+        else ("import os; os._exit(3)")
+    )
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while workers.process_end(child.pid) is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    return pid
+    return child
 
 
 @pytest.mark.parametrize(
     "how, words", [("kill", "was killed by SIGKILL"), ("exit", "exited with status 3")]
 )
 def test_a_dead_process_is_described_without_reaping_it(how, words):
-    pid = zombie(how)
+    child = zombie(how)
     try:
-        assert words in workers.process_end(pid)
+        assert words in workers.process_end(child.pid)
     finally:
-        os.waitpid(pid, 0)
+        child.wait()
     assert workers.process_end(os.getpid()) is None
 
 
@@ -47,7 +51,8 @@ class FakeFuture:
 def test_result_waits_for_a_live_worker_and_names_a_dead_one():
     guard = workers.EnvWorkers(env_factory=lambda: None, num_processes=1, poll_interval=0.05)
     assert guard.result(FakeFuture(0.2)) == {"state": 1}
-    pid = zombie("kill")
+    child = zombie("kill")
+    pid = child.pid
     try:
         guard._pids[0], guard._parents[0], guard._count.value = pid, os.getpid(), 1
         started = time.monotonic()
@@ -55,7 +60,7 @@ def test_result_waits_for_a_live_worker_and_names_a_dead_one():
             guard.result(FakeFuture(3600))  # a step that never comes
         assert time.monotonic() - started < 1
     finally:
-        os.waitpid(pid, 0)
+        child.wait()
     assert threading.active_count() >= 2  # the helper thread is a daemon left waiting
 
 
