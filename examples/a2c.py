@@ -451,4 +451,6 @@ def train(args, envs, workers, model, optimizer, broker, group, accumulator, pro
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Everything is written and closed by now. moolib's objects can crash the interpreter's own
+    # teardown (SIGSEGV after "done", seen in about one run of twenty), so skip it.
+    exit_now(main())
