@@ -225,7 +225,7 @@ def build_table(args, runs):
         result["games"][game] = {
             "seeds": {str(seed): summary for seed, summary in sorted(seeds.items())},
             "return_mean": statistics.fmean(finals) if finals else None,
-            "return_std": spread(finals) if finals else None,
+            "return_std": spread(finals) if len(finals) > 1 else None,
             "return_min": min(finals) if finals else None,
             "return_max": max(finals) if finals else None,
             "wall_s_mean": statistics.fmean(s["wall_s"] for s in seeds.values()) if seeds else None,
@@ -258,6 +258,11 @@ def markdown(result):
             f"{num(published['gymnax_ppo'])} | {num(published['dqn'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def seed_counts(result):
+    counts = sorted({len(row["seeds"]) for row in result["games"].values()})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
 
 def finite(x, y):
@@ -306,10 +311,11 @@ def plot_curves(result, path):
         ax.grid(alpha=0.3)
     for ax in axes[::columns]:
         ax.set_ylabel("mean episode return")
-    axes[0].legend(fontsize=7)
+    most = max(range(len(games)), key=lambda i: len(result["games"][games[i]]["seeds"]))
+    axes[most].legend(fontsize=7)
     fig.suptitle(
         f"V-trace, preset=minatar, {result['peers']} peer(s) on one {result['machine']['cpus']}-CPU"
-        f" machine, {len(next(iter(result['games'].values()))['seeds'])} seed(s) per game "
+        f" machine, {seed_counts(result)} seed(s) per game "
         f"(code at commit {', '.join(result['run_commits'])})",
         fontsize=9,
     )
