@@ -53,7 +53,7 @@ def peer_processes(launcher):
 @pytest.mark.slow
 def test_local_launcher_starts_peers_that_train_together(children, broker, tmp_path):
     savedir = tmp_path / "group"
-    total = 30000
+    total = 60000
     args = sweep(
         broker, savedir, "hydra/launcher=local", "peer=range(2)",
         # Stats are all-reduced once per log interval: short intervals, for a short run.
@@ -70,9 +70,10 @@ def test_local_launcher_starts_peers_that_train_together(children, broker, tmp_p
     assert "Peer peer0 of" in output and "Peer peer1 of" in output, output
     logs = sorted((savedir / "peers").glob("*/logs.tsv"))
     assert [p.parent.name for p in logs] == ["peer0", "peer1"]
-    for log in logs:
-        rows = read_rows(log)
-        assert any(r["peers"] == "2" for r in rows), rows
+    tables = [read_rows(log) for log in logs]
+    # The peers trained together: one that started late may find the other near its end.
+    assert any(r["peers"] == "2" for rows in tables for r in rows), tables
+    for log, rows in zip(logs, tables, strict=True):
         assert int(rows[-1]["env_train_steps"]) >= total - 16 * 5 * 4, rows[-1]
         assert list(log.parent.glob("events.out.tfevents.*")), "tensorboard=true wrote nothing"
     saved = torch.load(savedir / "checkpoint.tar", weights_only=True)
@@ -104,8 +105,11 @@ def test_preempted_peer_checkpoints_is_requeued_and_resumes(children, broker, tm
     assert f"model version {saved['model_version']}" in line and saved["model_version"] > 0
 
     # The requeued peer appends to the same logs.tsv; a cancel (SIGTERM) stops it for good.
-    rows_before = len(read_rows(log))
-    assert wait_until(lambda: len(read_rows(log)) > rows_before, 120), all_output(savedir)
+    def trained_after_resume():
+        rows = read_rows(log)
+        return rows and int(rows[-1]["model_version"]) > saved["model_version"]
+
+    assert wait_until(trained_after_resume, 120), all_output(savedir)
     [second] = wait_until(lambda: [p for p in peer_processes(launcher) if p.pid != first.pid], 30)
     second.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=120) == 0, launcher.output + all_output(savedir)
