@@ -242,10 +242,15 @@ def markdown(result):
     def num(value, digits=1):
         return "—" if value is None else f"{value:.{digits}f}"
 
+    def against(ours, published):
+        if ours is None or published is None:
+            return "—"
+        return "above" if ours >= published else "**below**"
+
     lines = [
         "| game | ours: return (mean ± std over seeds) | seeds: min – max | runs | wall time "
-        "per run | env steps/s | AC(λ) | gymnax PPO | DQN |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "per run | env steps/s | AC(λ) | gymnax PPO | DQN | ours vs AC(λ) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for game, row in result["games"].items():
         published = row["published"]
@@ -255,8 +260,18 @@ def markdown(result):
             f"| {len(row['seeds'])} | "
             f"{num(row['wall_s_mean'] and row['wall_s_mean'] / 60)} min | "
             f"{num(row['sps_mean'], 0)} | {num(published['ac_lambda'])} | "
-            f"{num(published['gymnax_ppo'])} | {num(published['dqn'])} |"
+            f"{num(published['gymnax_ppo'])} | {num(published['dqn'])} | "
+            f"{against(row['return_mean'], published['ac_lambda'])} |"
         )
+    seeds = sorted({int(seed) for row in result["games"].values() for seed in row["seeds"]})
+    lines += [
+        "",
+        "| game | " + " | ".join(f"seed {seed}" for seed in seeds) + " |",
+        "| --- |" + " --- |" * len(seeds),
+    ]
+    for game, row in result["games"].items():
+        finals = [row["seeds"].get(str(seed), {}).get("final_return") for seed in seeds]
+        lines.append(f"| {game} | " + " | ".join(num(final) for final in finals) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,39 @@
+"""bench.minatar's report: the table, per-seed returns, JSON and picture from runs' logs."""
+
+import json
+
+from bench import minatar
+
+
+def write_run(workdir, game, seed, returns, steps=1000):
+    """A run's logs.tsv: a row every steps/10 env steps, one episode per row."""
+    peer = workdir / f"{game}-s{seed}-p1-{steps}" / "peers" / f"{game}-peer0"
+    peer.mkdir(parents=True)
+    lines = ["step\tepisodes\tmean_episode_return\ttime"]
+    for i, value in enumerate(returns, start=1):
+        lines.append(f"{i * steps // 10}\t1\t{value}\t{i * 2.0}")
+    (peer / "logs.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_report_only_writes_the_table_per_seed_returns_json_and_curves(tmp_path):
+    workdir, out = tmp_path / "runs", tmp_path / "out"
+    write_run(workdir, "Breakout", 0, [1.0] * 9 + [20.0])  # last 10% of 1000 steps: 20
+    write_run(workdir, "Breakout", 1, [1.0] * 9 + [30.0])
+    write_run(workdir, "Seaquest", 0, [1.0] * 9 + [4.0])
+    write_run(workdir, "Seaquest", 1, [1.0] * 5)  # stopped half-way: left out
+    argv = ["--games", "Breakout,Seaquest", "--seeds", "2", "--steps", "1000"]
+    argv += ["--workdir", str(workdir), "--out", str(out), "--report-only"]
+    assert minatar.main(argv) == 0
+
+    table = (out / "minatar-results.md").read_text().splitlines()
+    breakout = next(line for line in table if line.startswith("| Breakout | **"))
+    seaquest = next(line for line in table if line.startswith("| Seaquest | **"))
+    assert "**25.0** ± 7.1" in breakout and breakout.endswith("| above |")  # AC(λ) 17.5
+    assert "**4.0** ± —" in seaquest and seaquest.endswith("| **below** |")  # AC(λ) 15
+    assert "| Breakout | 20.0 | 30.0 |" in table
+    assert "| Seaquest | 4.0 | — |" in table
+
+    result = json.loads((out / "minatar-results.json").read_text())
+    assert sorted(result["games"]["Breakout"]["seeds"]) == ["0", "1"]
+    assert sorted(result["games"]["Seaquest"]["seeds"]) == ["0"]
+    assert (out / "minatar-curves.png").stat().st_size > 10_000
