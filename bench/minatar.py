@@ -401,6 +401,9 @@ def main(argv=None):
         for game in args.games
     ]
     if not args.report_only:
+        # A SIGTERM would otherwise end this process at once and leave the runs' peers (in their
+        # own sessions) training on: exit through run_all's `finally`, which stops them.
+        signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
         run_all(args, runs)
     result = build_table(args, runs)
     args.out.mkdir(parents=True, exist_ok=True)
