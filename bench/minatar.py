@@ -329,8 +329,8 @@ def plot_curves(result, path):
     most = max(range(len(games)), key=lambda i: len(result["games"][games[i]]["seeds"]))
     axes[most].legend(fontsize=7)
     fig.suptitle(
-        f"V-trace, preset=minatar, {result['peers']} peer(s) on one {result['machine']['cpus']}-CPU"
-        f" machine, {seed_counts(result)} seed(s) per game "
+        f"V-trace, {' '.join(result['overrides'])}, {result['peers']} peer(s) on one "
+        f"{result['machine']['cpus']}-CPU machine, {seed_counts(result)} seed(s) per game "
         f"(code at commit {', '.join(result['run_commits'])})",
         fontsize=9,
     )
