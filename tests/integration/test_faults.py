@@ -198,11 +198,10 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 def relay(name, proc):
     for line in proc.stdout:
         print(f"[{name}] {line}", end="", flush=True)
+    code = proc.wait()  # each its own line, so that a process that hangs is named
+    print(f"[{name}] exited {code} at {time.time():.3f}", flush=True)
 threads = [threading.Thread(target=relay, args=item) for item in procs.items()]
 for t in threads: t.start()
-for name, proc in procs.items():
-    code = proc.wait()
-    print(f"[{name}] exited {code} at {time.time():.3f}", flush=True)
 for t in threads: t.join()
 """
 
