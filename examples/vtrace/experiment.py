@@ -154,6 +154,20 @@ def progress(state, accumulator, group, learner_stats):
     }
 
 
+def join_group(flags, model, resumed_version):
+    """The broker connection, the group and the Accumulator that shares the model's gradients."""
+    rpc = moolib.Rpc()
+    rpc.set_name(flags.local_name)
+    rpc.connect(flags.connect)
+    group = moolib.Group(rpc, f"{flags.entity}/{flags.project}/{flags.group}")
+    accumulator = moolib.Accumulator("model", model.parameters(), model.buffers(), group=group)
+    accumulator.set_virtual_batch_size(flags.virtual_batch_size)
+    if resumed_version is not None:
+        accumulator.set_model_version(resumed_version)
+        print(f"Resumed from {flags.savedir}/checkpoint.tar at model version {resumed_version}")
+    return rpc, group, accumulator
+
+
 def train(flags, device, preemption=None):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     envs, workers, observation_space, action_space = create_envs(flags)
@@ -164,21 +178,11 @@ def train(flags, device, preemption=None):
     resumed_version = load_checkpoint(flags, state)
     model.zero_grad(set_to_none=False)  # the Accumulator needs every .grad to exist
 
-    group_name = f"{flags.entity}/{flags.project}/{flags.group}"
     print(
-        f"Peer {flags.local_name} of {group_name} on {device} ({model.precision}); "
-        f"logs in {flags.localdir}"
+        f"Peer {flags.local_name} of {flags.entity}/{flags.project}/{flags.group} on {device} "
+        f"({model.precision}); logs in {flags.localdir}"
     )
-    rpc = moolib.Rpc()
-    rpc.set_name(flags.local_name)
-    rpc.connect(flags.connect)
-    group = moolib.Group(rpc, group_name)
-    accumulator = moolib.Accumulator("model", model.parameters(), model.buffers(), group=group)
-    accumulator.set_virtual_batch_size(flags.virtual_batch_size)
-    if resumed_version is not None:
-        accumulator.set_model_version(resumed_version)
-        print(f"Resumed from {flags.savedir}/checkpoint.tar at model version {resumed_version}")
-
+    rpc, group, accumulator = join_group(flags, model, resumed_version)
     actor = Actor(flags, envs, model, device, workers)
     queue = LearnerQueue(flags, device)
     learner = AsyncLearner(flags, model)
