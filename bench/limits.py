@@ -35,6 +35,18 @@ def experiment_flags(settings):
     return flags
 
 
+def env_factory(env_name, flags, seed=0):
+    """The experiment's envs (its env.* settings) for env_name."""
+    return EnvFactory(
+        env_name,
+        seed=seed,
+        repeat_action_probability=flags.env.repeat_action_probability,
+        num_action_repeats=flags.env.num_action_repeats,
+        noop_max=flags.env.noop_max,
+        full_action_space=flags.env.full_action_space,
+    )
+
+
 def in_fresh_process(fn, *args):
     """fn(*args) in a newly started interpreter: EnvPool forks its workers, which moolib refuses
     in a process that has threads already, and each measurement starts from a clean process."""
@@ -52,7 +64,7 @@ def in_thread(fn, *args):
 def measure_env_limit(env_name, settings, warmup, seconds):
     """Env steps per second of EnvPool alone, stepped like the agent steps it."""
     B, num_batches = settings["actor_batch_size"], settings["num_actor_batches"]
-    factory = EnvFactory(env_name, seed=12345)
+    factory = env_factory(env_name, experiment_flags(settings), seed=12345)
     num_actions = factory.spaces()[1].n
     envs = moolib.EnvPool(
         factory, num_processes=settings["num_actor_cpus"], batch_size=B, num_batches=num_batches
@@ -104,7 +116,9 @@ def random_learner_batch(observation_space, num_actions, T, B):
 def build_model(flags, observation_space, num_actions, before=False, device="cpu"):
     """The experiment's model; `before`: as earlier versions ran it (fp32, NCHW activations)."""
     precision = "fp32" if before else flags.precision
-    model = create_model(observation_space, num_actions, flags.use_lstm, precision, device)
+    model = create_model(
+        observation_space, num_actions, flags.use_lstm, precision, device, flags.atari_net
+    )
     if before and hasattr(model, "memory_format"):
         model.memory_format = torch.contiguous_format
     return model.to(device)
@@ -214,7 +228,7 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds):
     flags = experiment_flags(settings)
     if flags.torch_threads > 0:
         torch.set_num_threads(flags.torch_threads)
-    observation_space, action_space = EnvFactory(env_name).spaces()
+    observation_space, action_space = env_factory(env_name, flags).spaces()
     num_actions = action_space.n
     benches = {
         "now": LearnerBench(flags, observation_space, num_actions),
@@ -264,7 +278,7 @@ def measure_gpu_learner(env_name, settings, seconds, device):
     """Learner samples/s on a GPU with fp32 and with bf16, and the GPU's matmul peak: the
     measurements that choose the default precision for CUDA."""
     flags = experiment_flags(settings)
-    observation_space, action_space = EnvFactory(env_name).spaces()
+    observation_space, action_space = env_factory(env_name, flags).spaces()
     benches = {}
     for precision in PRECISIONS:
         flags.precision = precision

@@ -14,6 +14,8 @@ import weakref
 import gymnasium as gym
 import numpy as np
 
+from examples.common.atari import AtariFrames
+
 ATARI_PREFIX = "ALE/"
 MINATAR_PREFIX = "MinAtar/"
 
@@ -144,6 +146,7 @@ def make_env(
     repeat_action_probability=0.25,
     num_action_repeats=4,
     noop_max=30,
+    full_action_space=False,
     render_mode=None,
 ):
     """Create a gymnasium env by name with the standard preprocessing for its family.
@@ -153,23 +156,16 @@ def make_env(
     """
     register_all()
     if name.startswith(ATARI_PREFIX):
-        # Frame skipping is left to AtariPreprocessing so that random no-ops come first and the
-        # last two frames of each skip are max-pooled (the DQN/IMPALA convention).
+        # Frame skipping is left to AtariFrames so that random no-ops come first and the last
+        # two frames of each skip are max-pooled (the DQN/IMPALA convention).
         env = gym.make(
             name,
             frameskip=1,
             repeat_action_probability=repeat_action_probability,
-            full_action_space=True,
+            full_action_space=full_action_space,
             render_mode=render_mode,
         )
-        env = gym.wrappers.AtariPreprocessing(
-            env,
-            noop_max=noop_max,
-            frame_skip=num_action_repeats,
-            screen_size=84,
-            grayscale_obs=True,
-        )
-        env = gym.wrappers.FrameStackObservation(env, stack_size=4)
+        env = AtariFrames(env, noop_max=noop_max, frame_skip=num_action_repeats)
     else:
         env = gym.make(name, render_mode=render_mode)
     if seed is not None:

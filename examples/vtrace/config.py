@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from examples.common.address import parse_address
 from examples.common.envs import check_env_name
-from examples.vtrace.models import PRECISIONS
+from examples.vtrace.models import ATARI_NETS, PRECISIONS
 
 
 class ConfigError(Exception):
@@ -34,6 +34,9 @@ class EnvConfig:
     repeat_action_probability: float = 0.25  # sticky actions (Atari only)
     num_action_repeats: int = 4  # frame skip (Atari only)
     noop_max: int = 30  # random no-ops at reset (Atari only)
+    # false: the game's own actions (6 for Pong), as ALE's v5 envs default to; true: all 18
+    # joystick actions (this project's default before the key existed; checkpoints without it).
+    full_action_space: bool = False
 
 
 @dataclass
@@ -82,6 +85,9 @@ class ExperimentConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     warmup: int = 0  # env steps of linear learning-rate warm-up
     use_lstm: bool = False
+    # The Atari torso: resnet (the IMPALA ResNet, for GPUs) or nature (the Nature-DQN CNN: a
+    # sixth of the arithmetic, 5x the learner's samples/s on a CPU core; preset=atari_cpu).
+    atari_net: str = "resnet"
     torch_threads: int = 1  # torch intra-op threads; 0 = torch's default (one per core)
     # fp32, or bf16 (the torso under bf16 autocast; weights, optimizer and checkpoints stay
     # fp32); auto: bf16 for the Atari ResNet on a CPU with bf16 instructions, else fp32.
@@ -144,6 +150,8 @@ def check_flags(flags):
         raise ConfigError(f"discounting must be in [0, 1], got {flags.discounting}")
     if flags.precision not in ("auto", *PRECISIONS):
         raise ConfigError(f"precision must be auto, fp32 or bf16, got {flags.precision!r}")
+    if flags.atari_net not in ATARI_NETS:
+        raise ConfigError(f"atari_net must be {' or '.join(ATARI_NETS)}, got {flags.atari_net!r}")
     if flags.virtual_batch_size < flags.batch_size:
         raise ConfigError(
             f"virtual_batch_size ({flags.virtual_batch_size}) is less than batch_size "

@@ -6,7 +6,7 @@
 
 No broker and no EnvPool: one plain gymnasium env in this process, one episode after another.
 The env and the model are rebuilt from the flags stored in the checkpoint (env.name, env.*,
-use_lstm), so they are the ones the weights were trained with; from the command line only
+use_lstm, atari_net), so they are the ones the weights were trained with; from the command line only
 device, seed, torch_threads and the keys of evaluate.yaml are used.
 
 Each episode is printed as it ends and appended to eval.tsv next to the checkpoint; with
@@ -85,15 +85,21 @@ def trained_settings(data, path, flags):
     saved_env = saved.get("env") if isinstance(saved, dict) else None
     if not isinstance(saved_env, dict) or not saved_env.get("name"):
         raise CheckpointError(f"{path} stores no flags naming its env; cannot rebuild its env")
+    # Before env.full_action_space existed, every Atari env had all 18 actions.
+    saved_env = {"full_action_space": True, **saved_env}
     env = {**OmegaConf.to_container(flags.env, resolve=True), **saved_env}
-    return {"env": env, "use_lstm": bool(saved.get("use_lstm", flags.use_lstm))}
+    return {
+        "env": env,
+        "use_lstm": bool(saved.get("use_lstm", flags.use_lstm)),
+        "atari_net": saved.get("atari_net", "resnet"),  # the only Atari net before the key
+    }
 
 
 def note_ignored_overrides(settings):
     """Say so when the command line asks for env or model settings other than the checkpoint's."""
     for override in HydraConfig.get().overrides.task:
         key, _, value = override.lstrip("+~").partition("=")
-        if key != "use_lstm" and not key.startswith("env."):
+        if key not in ("use_lstm", "atari_net") and not key.startswith("env."):
             continue
         used = OmegaConf.select(OmegaConf.create(settings), key)
         if str(used).lower() != value.lower():
@@ -113,12 +119,18 @@ def build_env(env_settings, seed, render_mode):
         repeat_action_probability=env_settings["repeat_action_probability"],
         num_action_repeats=env_settings["num_action_repeats"],
         noop_max=env_settings["noop_max"],
+        full_action_space=env_settings["full_action_space"],
         render_mode=render_mode,
     )
 
 
 def load_model(data, path, env, settings, device):
-    model = create_model(env.observation_space, env.action_space.n, use_lstm=settings["use_lstm"])
+    model = create_model(
+        env.observation_space,
+        env.action_space.n,
+        use_lstm=settings["use_lstm"],
+        atari_net=settings["atari_net"],
+    )
     describe = f"the model for {settings['env']['name']} (use_lstm={settings['use_lstm']})"
     if not isinstance(data["model"], dict):
         reason = f"its model entry is a {type(data['model']).__name__}, not a state_dict"

@@ -86,6 +86,7 @@ def create_envs(flags):
         repeat_action_probability=flags.env.repeat_action_probability,
         num_action_repeats=flags.env.num_action_repeats,
         noop_max=flags.env.noop_max,
+        full_action_space=flags.env.full_action_space,
         # Time-limit cuts come as a flagged last observation and a filler step (see envs.py):
         # the learner bootstraps from the last observation's value instead of taking it as 0.
         mark_truncation=True,
@@ -172,7 +173,7 @@ def train(flags, device, preemption=None):
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     envs, workers, observation_space, action_space = create_envs(flags)
     model = create_model(
-        observation_space, action_space.n, flags.use_lstm, flags.precision, device
+        observation_space, action_space.n, flags.use_lstm, flags.precision, device, flags.atari_net
     ).to(device)
     state = LearnerState(model, create_optimizer(flags, model))
     resumed_version = load_checkpoint(flags, state)

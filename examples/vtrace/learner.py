@@ -149,6 +149,11 @@ def load_checkpoint(flags, state):
         state.load_state_dict(data)
     except (RuntimeError, KeyError, ValueError) as e:
         reason = str(e).strip().splitlines()[0]
+        saved = data.get("flags", {})
+        if "full_action_space" not in saved.get("env", {}) and flags.env.name.startswith("ALE/"):
+            reason += "; it is from before env.full_action_space: try env.full_action_space=true"
+        elif saved.get("atari_net", "resnet") != flags.atari_net:
+            reason += f"; it was trained with atari_net={saved.get('atari_net', 'resnet')}"
         raise checkpoint.CheckpointError(
             f"{path} does not fit this model ({reason}); use another savedir or the same settings"
         ) from None

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from examples.vtrace.models import AtariNet, MinAtarNet, MLPNet, create_model
+from examples.vtrace.models import AtariNet, MinAtarNet, MLPNet, NatureNet, create_model
 
 NUM_ACTIONS = 6
 
 # (class, observation shape, dtype the environment hands out)
 NETS = {
     "atari": (AtariNet, (4, 84, 84), torch.uint8),
+    "nature": (NatureNet, (4, 84, 84), torch.uint8),
     "minatar": (MinAtarNet, (10, 10, 4), torch.bool),
     "mlp": (MLPNet, (4,), torch.float64),
 }
@@ -101,6 +102,25 @@ def test_create_model_picks_net(shape, dtype, cls):
     assert type(model) is cls
     assert model.use_lstm
     assert type(create_model(box(shape, dtype), NUM_ACTIONS)) is cls
+
+
+def test_atari_net_picks_the_atari_torso():
+    atari = box((4, 84, 84), np.uint8)
+    assert type(create_model(atari, NUM_ACTIONS, atari_net="nature")) is NatureNet
+    assert type(create_model(atari, NUM_ACTIONS, atari_net="resnet")) is AtariNet
+    # Only Atari frames have a choice: MinAtar keeps its net whatever atari_net says.
+    minatar = box((10, 10, 4), np.bool_)
+    assert type(create_model(minatar, NUM_ACTIONS, atari_net="nature")) is MinAtarNet
+    with pytest.raises(ValueError, match="atari_net must be one of resnet, nature"):
+        create_model(atari, NUM_ACTIONS, atari_net="dqn")
+
+
+def test_nature_net_has_the_nature_dqn_layers():
+    model = NatureNet((4, 84, 84), NUM_ACTIONS)
+    convs = [m for m in model.convs if isinstance(m, torch.nn.Conv2d)]
+    shapes = [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs]
+    assert shapes == [(32, 8, 4), (64, 4, 2), (64, 3, 1)]
+    assert model.fc.in_features == 64 * 7 * 7 and model.fc.out_features == 512
 
 
 @pytest.mark.parametrize("shape", [(3, 3, 3, 3), (84, 84, 4), (2, 2)])
@@ -226,9 +246,10 @@ def test_bf16_keeps_float32_weights_grads_and_outputs(kind):
     assert all(p.grad.dtype == torch.float32 for p in bf16.parameters() if p.grad is not None)
 
 
-def test_channels_last_changes_layout_not_results():
-    model = make("atari", use_lstm=False)
-    obs, done = random_obs("atari", 2, 3), torch.zeros(2, 3, dtype=torch.bool)
+@pytest.mark.parametrize("kind", ["atari", "nature"])
+def test_channels_last_changes_layout_not_results(kind):
+    model = make(kind, use_lstm=False)
+    obs, done = random_obs(kind, 2, 3), torch.zeros(2, 3, dtype=torch.bool)
     out_nhwc, _ = run(model, obs, done, ())
     model.memory_format = torch.contiguous_format
     out_nchw, _ = run(model, obs, done, ())
@@ -250,5 +271,8 @@ def test_auto_precision_is_bf16_only_where_measured_faster():
     expected = "bf16" if bf16_supported("cpu") else "fp32"
     assert create_model(atari, NUM_ACTIONS, precision="auto").precision == expected
     assert create_model(atari, NUM_ACTIONS, precision="auto", device="cuda:0").precision == "fp32"
+    # Not measured on a CPU with AVX512-BF16 but no AMX: the Nature CNN stays fp32.
+    nature = create_model(atari, NUM_ACTIONS, precision="auto", atari_net="nature")
+    assert nature.precision == "fp32"
     cartpole = gym.spaces.Box(-1, 1, (4,))
     assert create_model(cartpole, NUM_ACTIONS, precision="auto").precision == "fp32"
