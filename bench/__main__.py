@@ -28,15 +28,16 @@ import time
 from bench import report
 from bench.processes import REPO
 from examples.common.envs import check_env_name
-from examples.vtrace.models import PRECISIONS
+from examples.vtrace.models import ATARI_NETS, PRECISIONS
 
 RESULTS = REPO / "bench" / "results.json"
 PARTS = ["limits", "agent", "scaling", "a2c", "sb3"]
 
-# One set of settings for the three V-trace measurements; also the README's 2-core command line.
-# Small batches: on a CPU the per-sample cost of the ResNet grows with the batch (caches), and
-# the agent acts and learns in two threads. One torch thread: a second one only spins against the
-# env processes. Tried on 2 cores: see `--set` to try others.
+# One set of settings for the three V-trace measurements: preset=atari_cpu's, the README's 2-core
+# command line (examples/vtrace/preset/atari_cpu.yaml says why each). Small batches: on a CPU the
+# per-sample cost of a conv net grows with the batch (caches), and the agent acts and learns in
+# two threads. One torch thread: a second one only spins against the env processes. `--set`
+# tries others.
 VTRACE_SETTINGS = {
     "actor_batch_size": 8,
     "num_actor_batches": 2,
@@ -45,9 +46,11 @@ VTRACE_SETTINGS = {
     "unroll_length": 20,
     "virtual_batch_size": 8,
     "torch_threads": 1,
+    "atari_net": "nature",
+    "precision": "fp32",
 }
 # Settings that are not whole numbers, with the values they take.
-CHOICES = {"precision": ("auto", *PRECISIONS)}
+CHOICES = {"precision": ("auto", *PRECISIONS), "atari_net": tuple(ATARI_NETS)}
 
 # Durations in seconds, sizes in env steps. The agent's warm-up skips start-up, the first learner
 # steps and the group forming; its window holds enough log rows for a steady slope.
@@ -107,7 +110,7 @@ def parse_args(argv=None):
         key, _, value = item.partition("=")
         if key in CHOICES and value in CHOICES[key]:
             args.settings[key] = value
-        elif key in VTRACE_SETTINGS and value.isdigit():
+        elif key in VTRACE_SETTINGS and key not in CHOICES and value.isdigit():
             args.settings[key] = int(value)
         else:
             choices = ", ".join(f"{k}={'|'.join(v)}" for k, v in CHOICES.items())

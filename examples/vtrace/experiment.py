@@ -215,7 +215,7 @@ def train(flags, device, preemption=None):
             except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
                 dead_worker = e
                 stop.append("an env worker died")
-        if learner.update(accumulator, group.sync_id(), queue):
+        if learner.update(accumulator, group.sync_id(), queue, alone=len(group.members()) == 1):
             log.count("dropped_batches")
         if accumulator.has_gradients():
             optimizer_stats = step_optimizer(flags, state, accumulator)

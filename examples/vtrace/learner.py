@@ -205,10 +205,10 @@ class AsyncLearner:
         future = self.thread.submit(gradients, self.flags, self.model_copy, batch)
         self.running = future, sync_id
 
-    def update(self, accumulator, sync_id, queue):
+    def update(self, accumulator, sync_id, queue, alone=False):
         """Hand finished gradients over when the Accumulator wants them, and start on the next
-        learner batch when it is free. Returns how many batches were dropped (0 or 1) because
-        the group changed since they started."""
+        learner batch when it is free. `alone`: this peer is the group's only member. Returns how
+        many batches were dropped (0 or 1) because the group changed since they started."""
         if self.running is not None and self.running[0].done():
             future, started_in = self.running
             self.running = None
@@ -239,10 +239,17 @@ class AsyncLearner:
             batch = self.next_batch(queue)
             if batch is not None:
                 self.start(batch, sync_id)
-        if (self.finished is None or not may_reduce) and accumulator.wants_gradients():
+        if (
+            (self.finished is None or not may_reduce)
+            and accumulator.wants_gradients()
+            and not alone
+        ):
             # moolib's contract: reduce or skip whenever it wants gradients. Nothing ready here
             # (a backward still running, or no batch): skip, so that the others' reduction does
-            # not wait for this peer. Gradients that finish later go to the next round.
+            # not wait for this peer. Gradients that finish later go to the next round. A lone
+            # peer does not skip: nobody waits for it, and each skip is a round of moolib's count
+            # that holds the main thread (and the GIL) for about 2 ms; skipping at every turn of
+            # the loop took a third of the GIL's time on Atari.
             accumulator.skip_gradients()
         return dropped
 

@@ -160,3 +160,16 @@ def test_a_lone_peer_can_fill_a_virtual_batch_larger_than_its_batch():
         learner.update(accumulator, 0, queue)
     assert accumulator.reduced == 4
     learner.close()
+
+
+def test_a_lone_peer_never_skips_a_round():
+    learner = learner_for_a_linear_model()
+    grads = [torch.ones(1, 2), torch.ones(1)]
+    queue = Queue([grads])
+    accumulator = GroupAccumulator()
+    for _ in range(4):  # one batch handed on, then nothing to give: a group peer would skip
+        learner.update(accumulator, 0, queue, alone=True)
+    assert accumulator.reduced == 1 and accumulator.skipped == 0
+    learner.update(accumulator, 0, queue, alone=False)
+    assert accumulator.skipped == 1
+    learner.close()

@@ -1,0 +1,51 @@
+"""bench.atari's report: the table, per-seed returns, published returns, JSON and picture."""
+
+import json
+
+from bench import atari
+
+
+def write_run(workdir, game, seed, returns, steps=1000):
+    """A run's logs.tsv: a row every steps/10 agent steps, one episode per row."""
+    peer = workdir / f"{game}-s{seed}-p1-{steps}" / "peers" / f"{game}-peer0"
+    peer.mkdir(parents=True)
+    lines = ["step\tepisodes\tmean_episode_return\ttime"]
+    for i, value in enumerate(returns, start=1):
+        lines.append(f"{i * steps // 10}\t1\t{value}\t{i * 6.0}")
+    (peer / "logs.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_report_only_writes_ours_beside_the_published_returns(tmp_path):
+    workdir, out = tmp_path / "runs", tmp_path / "out"
+    write_run(workdir, "Pong", 0, [-21.0] * 9 + [19.0])  # last 10% of 1000 steps: 19
+    write_run(workdir, "Pong", 1, [-21.0] * 9 + [17.0])
+    write_run(workdir, "Breakout", 0, [1.0] * 9 + [60.0])
+    write_run(workdir, "Breakout", 1, [1.0] * 9 + [10.0])  # seed 1 is not in the default set
+    argv = ["--steps", "1000", "--workdir", str(workdir), "--out", str(out), "--report-only"]
+    assert atari.main(argv) == 0
+
+    table = (out / "atari-results.md").read_text().splitlines()
+    pong = next(line for line in table if line.startswith("| Pong | **"))
+    breakout = next(line for line in table if line.startswith("| Breakout | **"))
+    assert "**18.0** ± 1.4" in pong and "| 17.0 – 19.0 | 2 | 0.004M | 1.0 min |" in pong
+    assert "**60.0** ± —" in breakout and "| 1 |" in breakout  # Pong x 2 seeds, Breakout x 1
+    assert "| Pong | 19.0 | 17.0 |" in table
+    published = [line for line in table if "CleanRL PPO" in line]
+    assert len(published) == 2 and any("| 15 to 17 |" in line for line in published)
+    assert any("RLlib APPO" in line and "| 18 |" in line for line in table)
+
+    result = json.loads((out / "atari-results.json").read_text())
+    assert sorted(result["games"]["Pong"]["seeds"]) == ["0", "1"]
+    assert sorted(result["games"]["Breakout"]["seeds"]) == ["0"]
+    assert result["overrides"] == ["preset=atari_cpu"]
+    assert (out / "atari-curves.png").stat().st_size > 10_000
+
+
+def test_seeds_on_the_command_line_apply_to_every_game(tmp_path):
+    workdir, out = tmp_path / "runs", tmp_path / "out"
+    write_run(workdir, "Breakout", 0, [1.0] * 9 + [60.0])
+    write_run(workdir, "Breakout", 1, [1.0] * 9 + [40.0])
+    argv = ["--games", "Breakout", "--seeds", "2", "--steps", "1000"]
+    assert atari.main([*argv, "--workdir", str(workdir), "--out", str(out), "--report-only"]) == 0
+    result = json.loads((out / "atari-results.json").read_text())
+    assert result["games"]["Breakout"]["return_mean"] == 50.0
