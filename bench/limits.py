@@ -23,8 +23,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.machine import MATMUL_SIZE, measure_peak
 from examples.common.envs import EnvFactory
 from examples.vtrace.config import ExperimentConfig
-from examples.vtrace.learner import LearnerState, create_optimizer, gradients, step_optimizer
+from examples.vtrace.loss import gradients
 from examples.vtrace.models import PRECISIONS, bf16_supported, create_model
+from examples.vtrace.optimizer import create_optimizer, step_optimizer
+from examples.vtrace.state import LearnerState
 
 
 def experiment_flags(settings):

@@ -349,5 +349,10 @@ def main(flags: DictConfig):
 
 
 if __name__ == "__main__":
-    check_command_line("evaluate", EvaluateConfig, positive=["episodes", "max_episode_steps"])
+    sys.argv[1:] = check_command_line(
+        "evaluate",
+        EvaluateConfig,
+        positive=["episodes", "max_episode_steps"],
+        config_name="evaluate",
+    )
     main()

@@ -12,8 +12,8 @@ leader writes checkpoints to savedir. Each peer logs to its own localdir/logs.ts
 The loop in `train` is the whole algorithm, one named part per line: act on one batch of envs
 while the others step in the EnvPool's worker processes (actor.py), queue finished unrolls for
 the learner, compute gradients in a second thread and hand them to the Accumulator (learner.py),
-step the optimizer when the group's reduced gradients arrive, sum statistics over the group,
-log (logs.py) and checkpoint.
+step the optimizer when the group's reduced gradients arrive (optimizer.py), sum statistics over
+the group, log (logs.py) and checkpoint (checkpoints.py).
 """
 
 import os
@@ -34,6 +34,7 @@ from examples.common.stats import GroupStats
 from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 from examples.vtrace import cluster
 from examples.vtrace.actor import Actor, LearnerQueue
+from examples.vtrace.checkpoints import Checkpointer, load_checkpoint
 from examples.vtrace.config import (
     ConfigError,
     ExperimentConfig,
@@ -42,16 +43,11 @@ from examples.vtrace.config import (
     check_writable,
     resolve_device,
 )
-from examples.vtrace.learner import (
-    AsyncLearner,
-    Checkpointer,
-    LearnerState,
-    create_optimizer,
-    load_checkpoint,
-    step_optimizer,
-)
+from examples.vtrace.learner import AsyncLearner
 from examples.vtrace.logs import ProgressLog
 from examples.vtrace.models import create_model
+from examples.vtrace.optimizer import create_optimizer, step_optimizer
+from examples.vtrace.state import LearnerState
 
 # EnvPool's workers give up after two minutes without an action: act at least this often.
 KEEP_ENVS_ALIVE_S = 30
@@ -258,7 +254,7 @@ def main(flags: DictConfig):
 
 
 if __name__ == "__main__":
-    check_command_line("experiment", ExperimentConfig)
+    sys.argv[1:] = check_command_line("experiment", ExperimentConfig)
     main()
     # The checkpoint, the logs and moolib's objects are all done with by now. moolib can crash
     # the interpreter's own teardown (SIGSEGV after "Stopped", seen in about one exit of twenty),

@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from examples.vtrace.learner import AsyncLearner, LearnerState, step_optimizer
+from examples.vtrace.learner import AsyncLearner
+from examples.vtrace.optimizer import step_optimizer
+from examples.vtrace.state import LearnerState
 
 
 class Queue:

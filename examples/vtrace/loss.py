@@ -1,0 +1,51 @@
+"""The V-trace actor-critic loss of a learner batch, and its gradients."""
+
+import torch
+
+from examples.common import vtrace
+
+LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss"]
+
+
+def compute_loss(flags, model, batch):
+    """V-trace actor-critic loss on a learner batch of T+1 steps ([T+1, B, ...]).
+
+    Step t holds observation t, whether it starts a new episode (done), the reward that led to
+    it, the action taken from it and the acting policy's logits there.
+    """
+    core_state = batch.get("core_state", ())
+    outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
+    logits = outputs["policy_logits"][:-1]
+    values = outputs["baseline"][:-1]
+    rewards = batch["reward"][1:]
+    if flags.reward_clip:
+        rewards = rewards.clamp(-flags.reward_clip, flags.reward_clip)
+    discounts = (~batch["done"][1:]).float() * flags.discounting
+    actions = batch["action"][:-1]
+    # The step that leaves the last observation of a time-limit cut is a filler
+    # (envs.truncation_step): it bootstraps nothing and teaches nothing.
+    mask = ~batch["truncated"][:-1] if "truncated" in batch else None
+    returns = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][:-1],
+        target_policy_logits=logits,
+        actions=actions,
+        discounts=discounts,
+        rewards=rewards,
+        values=values.detach(),
+        bootstrap_value=outputs["baseline"][-1].detach(),
+        mask=mask,
+    )
+    num_samples = actions.numel()
+    pg_loss = vtrace.policy_gradient_loss(logits, actions, returns.pg_advantages) / num_samples
+    baseline_loss = vtrace.baseline_loss(returns.vs - values) / num_samples
+    entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
+    total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
+    stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
+             "entropy_loss": entropy_loss.item()}  # fmt: skip
+    return total, stats
+
+
+def gradients(flags, model, batch):
+    """The gradients (one per parameter, in order) and the losses of one learner batch."""
+    loss, losses = compute_loss(flags, model, batch)
+    return torch.autograd.grad(loss, list(model.parameters())), losses

@@ -1,0 +1,37 @@
+"""Adam, its learning-rate schedule, and one optimizer step on the group's reduced gradients."""
+
+import torch
+from torch import nn
+
+
+def create_optimizer(flags, model):
+    return torch.optim.Adam(
+        model.parameters(),
+        lr=flags.optimizer.learning_rate,
+        betas=(flags.optimizer.beta_1, flags.optimizer.beta_2),
+        eps=flags.optimizer.epsilon,
+    )
+
+
+def learning_rate(flags, env_train_steps):
+    """Linear warm-up over `warmup` steps, then linear decay to 0 at total_steps."""
+    scale = max(0.0, 1.0 - env_train_steps / flags.total_steps)
+    if flags.warmup > 0:
+        scale *= min(1.0, env_train_steps / flags.warmup)
+    return flags.optimizer.learning_rate * scale
+
+
+def step_optimizer(flags, state, accumulator):
+    """One optimizer step on the group's reduced gradients; returns numbers for the log."""
+    virtual_batch = accumulator.get_gradient_stats()["batch_size"]  # unrolls, over all peers
+    if state.learned_samples is None:
+        state.learned_samples = state.env_train_steps * flags.learner_passes
+    state.learned_samples += virtual_batch * flags.unroll_length
+    # Every batch is learned from learner_passes times: env steps are the new samples only.
+    state.env_train_steps = state.learned_samples // flags.learner_passes
+    for param_group in state.optimizer.param_groups:
+        param_group["lr"] = learning_rate(flags, state.env_train_steps)
+    grad_norm = nn.utils.clip_grad_norm_(state.model.parameters(), flags.grad_norm_clipping)
+    state.optimizer.step()
+    accumulator.zero_gradients()
+    return {"grad_norm": float(grad_norm), "virtual_batch_size": virtual_batch}
