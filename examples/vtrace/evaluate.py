@@ -31,10 +31,10 @@ from examples.common import checkpoint
 from examples.common.checkpoint import CheckpointError
 from examples.common.envs import ATARI_PREFIX, check_env_name, make_env
 from examples.common.tsvlog import TsvLog
+from examples.vtrace.command_line import check_command_line
 from examples.vtrace.config import (
     ConfigError,
     EvaluateConfig,
-    check_command_line,
     check_writable,
     resolve_device,
 )

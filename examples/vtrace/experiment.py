@@ -35,10 +35,10 @@ from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 from examples.vtrace import cluster
 from examples.vtrace.actor import Actor, LearnerQueue
 from examples.vtrace.checkpoints import Checkpointer, load_checkpoint
+from examples.vtrace.command_line import check_command_line
 from examples.vtrace.config import (
     ConfigError,
     ExperimentConfig,
-    check_command_line,
     check_flags,
     check_writable,
     resolve_device,
