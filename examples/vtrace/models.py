@@ -214,8 +214,13 @@ class NatureNet(ActorCriticBase):
         self.fc = layer_init(nn.Linear(flat_size, self.hidden_size))
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.contiguous(memory_format=self.memory_format).float() / 255.0
-        return F.relu(self.fc(self.convs(x).flatten(1)))
+        # Frames to float before the layout change, and the 1/255 scaling applied to the first
+        # layer's weights instead of to the frames: the same function, without two passes over
+        # the largest tensor (they took a tenth of the learner thread's time).
+        x = obs.float().contiguous(memory_format=self.memory_format)
+        first = self.convs[0]
+        x = F.conv2d(x, first.weight / 255.0, first.bias, first.stride)
+        return F.relu(self.fc(self.convs[1:](x).flatten(1)))
 
 
 class MinAtarNet(ActorCriticBase):
