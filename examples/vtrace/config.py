@@ -75,6 +75,8 @@ class ExperimentConfig:
     discounting: float = 0.99
     baseline_cost: float = 0.5
     entropy_cost: float = 0.0006
+    # true: the policy gradient's advantages scaled to mean 0, std 1 over each learner batch
+    normalize_advantages: bool = False
     reward_clip: float = 1.0  # 0 = no clipping
     grad_norm_clipping: float = 40
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

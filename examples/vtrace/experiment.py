@@ -43,7 +43,7 @@ from examples.vtrace.config import (
     check_writable,
     resolve_device,
 )
-from examples.vtrace.learner import AsyncLearner
+from examples.vtrace.learner import AsyncLearner, NonFiniteGradients
 from examples.vtrace.logs import ProgressLog
 from examples.vtrace.models import create_model
 from examples.vtrace.optimizer import create_optimizer, step_optimizer
@@ -147,6 +147,7 @@ def progress(state, accumulator, group, learner_stats):
         "peers": len(group.members()),
         "is_leader": int(accumulator.is_leader()),
         "lr": state.optimizer.param_groups[0]["lr"],
+        "skipped_steps": state.skipped_steps,
         **learner_stats,
     }
 
@@ -191,7 +192,7 @@ def train(flags, device, preemption=None):
     stop = stop_on_signals()
     if preemption is not None:
         preemption.connect(stop.append)
-    dead_worker = None
+    fatal = None  # why this peer must exit non-zero once it has stopped
 
     while not stop:
         group.update()
@@ -209,10 +210,16 @@ def train(flags, device, preemption=None):
             try:
                 act(actor, queue, log, group_stats)
             except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
-                dead_worker = e
+                fatal = f"{e}; restart this peer to resume"
                 stop.append("an env worker died")
-        if learner.update(accumulator, group.sync_id(), queue, alone=len(group.members()) == 1):
-            log.count("dropped_batches")
+        try:
+            alone = len(group.members()) == 1
+            if learner.update(accumulator, group.sync_id(), queue, alone=alone):
+                log.count("dropped_batches")
+            log.count("nonfinite_batches", learner.take_nonfinite_count())
+        except NonFiniteGradients as e:
+            fatal = str(e)
+            stop.append("non-finite gradients")
         if accumulator.has_gradients():
             optimizer_stats = step_optimizer(flags, state, accumulator)
         group_stats.update(state.global_stats, now)
@@ -230,9 +237,9 @@ def train(flags, device, preemption=None):
     log.close()
     print(f"Stopped ({stop[0]}) at {state.env_train_steps} env steps trained, "
           f"model version {accumulator.model_version()}")  # fmt: skip
-    if dead_worker is not None:
-        print(f"experiment: error: {dead_worker}; restart this peer to resume", file=sys.stderr)
-        exit_now(1)  # a thread still waits on the dead worker: see workers.exit_now
+    if fatal is not None:
+        print(f"experiment: error: {fatal}", file=sys.stderr)
+        exit_now(1)  # a thread may still wait on a dead env worker: see workers.exit_now
     # moolib's objects point at each other: free them newest first, not in Python's order.
     del queue, accumulator, group, rpc
     return 0

@@ -9,7 +9,24 @@ import concurrent.futures
 import copy
 import math
 
+import torch
+
 from examples.vtrace.loss import LOSS_NAMES, gradients
+
+# A peer whose own gradients are not finite this many batches in a row stops (exit status 1):
+# it has diverged, and its later batches would only be left out too.
+MAX_NONFINITE_BATCHES = 20
+
+
+class NonFiniteGradients(RuntimeError):
+    """This peer's gradients kept coming out NaN or infinite; the message says what to do."""
+
+
+def checked_gradients(flags, model, batch):
+    """gradients(), and whether every one of them is finite (checked in the learner thread)."""
+    grads, losses = gradients(flags, model, batch)
+    finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+    return grads, losses, finite
 
 
 class AsyncLearner:
@@ -36,13 +53,16 @@ class AsyncLearner:
         # to fill a virtual batch by itself, so up to that many batches may go per step.
         self.in_flight = None
         self.batches_per_step = -(-flags.virtual_batch_size // flags.batch_size)
+        # Batches whose gradients were not finite and were kept from the group: in a row, and
+        # since the last take_nonfinite_count().
+        self.nonfinite_in_a_row, self.nonfinite = 0, 0
 
     def idle(self):
         return self.running is None and self.finished is None
 
     def start(self, batch, sync_id):
         self.model_copy.load_state_dict(self.model.state_dict())
-        future = self.thread.submit(gradients, self.flags, self.model_copy, batch)
+        future = self.thread.submit(checked_gradients, self.flags, self.model_copy, batch)
         self.running = future, sync_id
 
     def update(self, accumulator, sync_id, queue, alone=False):
@@ -52,8 +72,21 @@ class AsyncLearner:
         if self.running is not None and self.running[0].done():
             future, started_in = self.running
             self.running = None
-            grads, self.losses = future.result()
-            self.finished = grads, started_in
+            grads, self.losses, finite = future.result()
+            if finite:
+                self.nonfinite_in_a_row = 0
+                self.finished = grads, started_in
+            else:
+                # Never into the group's sum, where it would be everyone's NaN: the group
+                # would skip the step, but this peer's next batches would likely be NaN too.
+                self.nonfinite_in_a_row += 1
+                self.nonfinite += 1
+                if self.nonfinite_in_a_row >= MAX_NONFINITE_BATCHES:
+                    raise NonFiniteGradients(
+                        f"{self.nonfinite_in_a_row} learner batches in a row gave NaN or "
+                        "infinite gradients: this peer's model has diverged (try a lower "
+                        "optimizer.learning_rate); it stops rather than learn nothing"
+                    )
         dropped = 0
         if self.in_flight is not None and (
             accumulator.model_version() > self.in_flight[0] or sync_id != self.in_flight[1]
@@ -92,6 +125,10 @@ class AsyncLearner:
             # the loop took a third of the GIL's time on Atari.
             accumulator.skip_gradients()
         return dropped
+
+    def take_nonfinite_count(self):
+        count, self.nonfinite = self.nonfinite, 0
+        return count
 
     def next_batch(self, queue):
         """The batch to learn from next: the last one again until it has had learner_passes

@@ -42,7 +42,8 @@ COLUMNS = [
     "step", "env_train_steps", "model_version", "mean_episode_return",
     "global_mean_episode_return", "episodes", "SPS", "local_env_steps", "global_env_steps",
     "virtual_batch_size", "peers", "is_leader", "lr", "grad_norm", "pg_loss", "baseline_loss",
-    "entropy_loss", "dropped_unrolls", "dropped_batches", "time",
+    "entropy_loss", "dropped_unrolls", "dropped_batches", "time", "skipped_steps",
+    "nonfinite_batches",
 ]  # fmt: skip
 
 
@@ -68,9 +69,9 @@ class ProgressLog:
     def add(self, stats):
         self.local += stats
 
-    def count(self, key):
-        """One more of a countable event (a dropped unroll, a dropped batch)."""
-        self.local.add(key, 1)
+    def count(self, key, n=1):
+        """n more of a countable event (a dropped unroll, a dropped batch)."""
+        self.local.add(key, n)
 
     def due(self, now):
         return now - self.last_row >= self.interval
@@ -86,6 +87,7 @@ class ProgressLog:
             "local_env_steps": local.sum("env_steps"),
             "dropped_unrolls": local.sum("dropped_unrolls"),
             "dropped_batches": local.sum("dropped_batches"),
+            "nonfinite_batches": local.sum("nonfinite_batches"),
         }
         row = {key: values[key] for key in COLUMNS}
         self.tsv.write(row)

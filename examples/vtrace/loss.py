@@ -36,13 +36,26 @@ def compute_loss(flags, model, batch):
         mask=mask,
     )
     num_samples = actions.numel()
-    pg_loss = vtrace.policy_gradient_loss(logits, actions, returns.pg_advantages) / num_samples
+    advantages = returns.pg_advantages
+    if flags.normalize_advantages:
+        advantages = normalized(advantages, mask)
+    pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages) / num_samples
     baseline_loss = vtrace.baseline_loss(returns.vs - values) / num_samples
     entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
     total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
     stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
              "entropy_loss": entropy_loss.item()}  # fmt: skip
     return total, stats
+
+
+def normalized(advantages, mask=None):
+    """Advantages scaled to mean 0 and standard deviation 1 over the batch's real transitions
+    (as PPO does): the policy's share of the gradient no longer shrinks with sparse rewards."""
+    real = advantages if mask is None else advantages[mask]
+    if real.numel() < 2:
+        return advantages
+    scaled = (advantages - real.mean()) / (real.std() + 1e-8)
+    return scaled if mask is None else scaled * mask
 
 
 def gradients(flags, model, batch):

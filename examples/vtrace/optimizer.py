@@ -25,7 +25,11 @@ def learning_rate(flags, env_train_steps):
 
 
 def step_optimizer(flags, state, accumulator):
-    """One optimizer step on the group's reduced gradients; returns numbers for the log."""
+    """One optimizer step on the group's reduced gradients; returns numbers for the log.
+
+    Reduced gradients that are not finite (one peer's NaN or inf is everyone's after the sum)
+    skip the step instead, as AMP's GradScaler does: every peer sees the same sum, so every peer
+    skips alike and the weights stay the same everywhere. The samples still count as trained."""
     virtual_batch = accumulator.get_gradient_stats()["batch_size"]  # unrolls, over all peers
     if state.learned_samples is None:
         state.learned_samples = state.env_train_steps * flags.learner_passes
@@ -35,6 +39,9 @@ def step_optimizer(flags, state, accumulator):
     for param_group in state.optimizer.param_groups:
         param_group["lr"] = learning_rate(flags, state.env_train_steps)
     grad_norm = nn.utils.clip_grad_norm_(state.model.parameters(), flags.grad_norm_clipping)
-    state.optimizer.step()
+    if torch.isfinite(grad_norm):
+        state.optimizer.step()
+    else:
+        state.skipped_steps += 1
     accumulator.zero_gradients()
     return {"grad_norm": float(grad_norm), "virtual_batch_size": virtual_batch}

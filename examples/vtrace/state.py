@@ -17,6 +17,9 @@ class LearnerState:
         # Samples learned from, each pass over a batch counted (see learner_passes).
         self.learned_samples = 0
         self.global_stats = Stats()  # all-reduced env steps and episode returns
+        # Optimizer steps left out because the group's reduced gradients were not finite: the
+        # same on every peer, since every peer sees the same reduced gradients.
+        self.skipped_steps = 0
 
     def state_dict(self):
         # On the CPU, so that a peer without a GPU can load what a GPU peer sends.
@@ -32,6 +35,7 @@ class LearnerState:
             "env_train_steps": self.env_train_steps,
             "learned_samples": self.learned_samples,
             "global_stats": self.global_stats.to_dict(),
+            "skipped_steps": self.skipped_steps,
         }
 
     def load_state_dict(self, state):
@@ -40,3 +44,4 @@ class LearnerState:
         self.env_train_steps = state["env_train_steps"]
         self.learned_samples = state.get("learned_samples")  # None: from before learner_passes
         self.global_stats = Stats.from_dict(state["global_stats"])
+        self.skipped_steps = state.get("skipped_steps", 0)
