@@ -21,7 +21,7 @@ setuptools.setup(
         "numpy>=1.24",
         "gymnasium>=1.0",
         "ale-py>=0.9",
-        "opencv-python-headless>=4.8",  # AtariPreprocessing resizes frames with cv2
+        "opencv-python-headless>=4.8",  # AtariFrames resizes frames with cv2
         "minatar>=1.0.15",
         "hydra-core>=1.3",
         "omegaconf>=2.3",

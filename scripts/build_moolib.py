@@ -3,9 +3,10 @@
 
 moolib's only registry release is the 0.0.9b0 sdist, which does not build with current
 cmake, Python 3.11 and libstdc++ as shipped. This script is the one place that knows how to
-make it build: it downloads that sdist by name, applies four small fixes (each explained in
-apply_fixes: three make it build, the fourth changes how tensorpipe polls at run time, so that an
-idle moolib process no longer keeps a core busy), builds a wheel against the torch already
+make it build: it downloads that sdist by name, applies five small fixes (each explained in
+apply_fixes: three make it build, one changes how tensorpipe polls at run time, so that an
+idle moolib process no longer keeps a core busy, and one makes the installed extension find
+the torch of the venv it is installed in), builds a wheel against the torch already
 installed in this interpreter, caches it, and pip-installs it.
 
     python scripts/build_moolib.py            # build or reuse, then install
@@ -30,7 +31,7 @@ import time
 
 MOOLIB_VERSION = "0.0.9b0"
 # Bump whenever the fixes below change: it is part of the cache key.
-FIX_REVISION = 2
+FIX_REVISION = 3
 PYBIND11_REQUIREMENT = "pybind11>=2.12,<3"
 MIN_CMAKE = (3, 12)
 
@@ -188,6 +189,19 @@ def apply_fixes(src):
         "idle poll counter",
     )
     patch_file(busy_loop, "#include <thread>", "#include <chrono>\n#include <thread>", "chrono")
+
+    # Fix 5 (installs that reuse a cached wheel): cmake records the absolute path of the torch
+    # it linked against as the extension's RUNPATH, so a wheel built in one checkout's venv
+    # loads libtorch from that venv in every other one, and fails to import once it is gone.
+    # Look for libtorch beside the extension instead: site-packages/moolib/../torch/lib.
+    patch_file(
+        src / "CMakeLists.txt",
+        "set(CMAKE_POSITION_INDEPENDENT_CODE ON)\n",
+        "set(CMAKE_POSITION_INDEPENDENT_CODE ON)\n"
+        "set(CMAKE_BUILD_WITH_INSTALL_RPATH ON)\n"
+        'set(CMAKE_INSTALL_RPATH "\\$ORIGIN/../torch/lib")\n',
+        "RUNPATH relative to the extension: the torch of the venv it is installed in",
+    )
 
 
 def build_wheel(workdir, cuda):
