@@ -88,3 +88,14 @@ def descendants(pid):
             found.append(child)
             todo.append(child)
     return found
+
+
+def write_results_run(workdir, game, seed, returns, steps=1000, seconds_per_row=2.0):
+    """The logs.tsv of one finished bench.minatar / bench.atari run: a row every steps/10 env
+    steps, one episode per row with the given return."""
+    peer = workdir / f"{game}-s{seed}-p1-{steps}" / "peers" / f"{game}-peer0"
+    peer.mkdir(parents=True)
+    lines = ["step\tepisodes\tmean_episode_return\ttime"]
+    for i, value in enumerate(returns, start=1):
+        lines.append(f"{i * steps // 10}\t1\t{value}\t{i * seconds_per_row}")
+    (peer / "logs.tsv").write_text("\n".join(lines) + "\n")

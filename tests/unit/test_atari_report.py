@@ -1,18 +1,14 @@
 """bench.atari's report: the table, per-seed returns, published returns, JSON and picture."""
 
+import functools
 import json
+
+from helpers import write_results_run
 
 from bench import atari
 
-
-def write_run(workdir, game, seed, returns, steps=1000):
-    """A run's logs.tsv: a row every steps/10 agent steps, one episode per row."""
-    peer = workdir / f"{game}-s{seed}-p1-{steps}" / "peers" / f"{game}-peer0"
-    peer.mkdir(parents=True)
-    lines = ["step\tepisodes\tmean_episode_return\ttime"]
-    for i, value in enumerate(returns, start=1):
-        lines.append(f"{i * steps // 10}\t1\t{value}\t{i * 6.0}")
-    (peer / "logs.tsv").write_text("\n".join(lines) + "\n")
+# A row every 6 s: the 10 rows of a run take a minute.
+write_run = functools.partial(write_results_run, seconds_per_row=6.0)
 
 
 def test_report_only_writes_ours_beside_the_published_returns(tmp_path):

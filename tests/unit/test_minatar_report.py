@@ -2,17 +2,9 @@
 
 import json
 
+from helpers import write_results_run as write_run
+
 from bench import minatar
-
-
-def write_run(workdir, game, seed, returns, steps=1000):
-    """A run's logs.tsv: a row every steps/10 env steps, one episode per row."""
-    peer = workdir / f"{game}-s{seed}-p1-{steps}" / "peers" / f"{game}-peer0"
-    peer.mkdir(parents=True)
-    lines = ["step\tepisodes\tmean_episode_return\ttime"]
-    for i, value in enumerate(returns, start=1):
-        lines.append(f"{i * steps // 10}\t1\t{value}\t{i * 2.0}")
-    (peer / "logs.tsv").write_text("\n".join(lines) + "\n")
 
 
 def test_report_only_writes_the_table_per_seed_returns_json_and_curves(tmp_path):
