@@ -189,7 +189,10 @@ def apply_fixes(src):
         "idle poll counter",
     )
     patch_file(busy_loop, "#include <thread>", "#include <chrono>\n#include <thread>", "chrono")
+    relative_runpath(src)
 
+
+def relative_runpath(src):
     # Fix 5 (installs that reuse a cached wheel): cmake records the absolute path of the torch
     # it linked against as the extension's RUNPATH, so a wheel built in one checkout's venv
     # loads libtorch from that venv in every other one, and fails to import once it is gone.
