@@ -321,9 +321,9 @@ def main(argv=None):
     finally:
         log.close()
     print(progress.summary(stop))
-    # moolib's objects are left alive: freeing them could crash the process with SIGSEGV after
-    # "done" (seen in a full test run, from `del accumulator, group, rpc, ...` here), and the
-    # caller exits without the interpreter's teardown (exit_now) once this returns.
+    # moolib's objects are left alive: a process crashed with SIGSEGV after "done" in a full
+    # test run, when freeing them was the only moolib work left; the caller exits without the
+    # interpreter's teardown (exit_now) once this returns.
     return 0
 
 
