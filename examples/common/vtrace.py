@@ -12,11 +12,15 @@ import torch.nn.functional as F
 class VTraceReturns(NamedTuple):
     vs: torch.Tensor  # [T, B] V-trace value targets
     pg_advantages: torch.Tensor  # [T, B] importance-weighted policy-gradient advantages
+    # [T, B] the same advantages before the importance weight, r + gamma * vs_{s+1} - V(x_s):
+    # for losses that weight by the ratio themselves (PPO's clipped surrogate)
+    advantages: torch.Tensor
 
 
 class VTraceFromLogitsReturns(NamedTuple):
     vs: torch.Tensor
     pg_advantages: torch.Tensor
+    advantages: torch.Tensor
     log_rhos: torch.Tensor
     behavior_action_log_probs: torch.Tensor
     target_action_log_probs: torch.Tensor
@@ -57,6 +61,7 @@ def from_logits(
     return VTraceFromLogitsReturns(
         vs=vtrace_returns.vs,
         pg_advantages=vtrace_returns.pg_advantages,
+        advantages=vtrace_returns.advantages,
         log_rhos=log_rhos,
         behavior_action_log_probs=behavior_action_log_probs,
         target_action_log_probs=target_action_log_probs,
@@ -109,11 +114,13 @@ def from_importance_weights(
         clipped_pg_rhos = rhos
     else:
         clipped_pg_rhos = rhos.clamp(max=clip_pg_rho_threshold)
+    advantages = rewards + discounts * vs_t_plus_1 - values
     if mask is not None:
         clipped_pg_rhos = clipped_pg_rhos * mask
-    pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_t_plus_1 - values)
+        advantages = advantages * mask
+    pg_advantages = clipped_pg_rhos * advantages
 
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, advantages=advantages)
 
 
 # Loss terms. They are sums over T and B, not means: the learner weights each one by its own
@@ -125,6 +132,21 @@ def policy_gradient_loss(
 ) -> torch.Tensor:
     """Sum of -log pi(a) * advantage; the advantages are treated as constants."""
     return -(action_log_probs(logits, actions) * advantages.detach()).sum()
+
+
+def clipped_surrogate_loss(
+    log_rhos: torch.Tensor, advantages: torch.Tensor, clip: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """PPO's clipped surrogate (Schulman et al. 2017), negated and summed: with the ratio
+    r = pi(a) / mu(a) = exp(log_rhos), -min(r * A, clamp(r, 1 - clip, 1 + clip) * A). Once the
+    learner's policy has moved past the clip range on a sample, that sample gives no gradient:
+    several passes over one batch cannot push the policy far from the one that acted."""
+    ratio = log_rhos.exp()
+    advantages = advantages.detach()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    if mask is not None:
+        surrogate = surrogate * mask
+    return -surrogate.sum()
 
 
 def baseline_loss(advantages: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,8 @@ final writes of it (never over a newer one)."""
 
 import pathlib
 
-from omegaconf import OmegaConf
-
 from examples.common import checkpoint
+from examples.vtrace.config import as_dict
 
 
 def load_checkpoint(flags, state):
@@ -38,7 +37,7 @@ def load_checkpoint(flags, state):
 def save_checkpoint(flags, state, model_version, history=False):
     data = state.state_dict()
     data["model_version"] = model_version
-    data["flags"] = OmegaConf.to_container(flags, resolve=True)
+    data["flags"] = as_dict(flags)
     savedir = pathlib.Path(flags.savedir)
     # Never over a newer checkpoint (raises checkpoint.NotNewer): a peer that fell behind or
     # never joined must not put the group's training back.

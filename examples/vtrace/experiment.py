@@ -41,6 +41,7 @@ from examples.vtrace.config import (
     ExperimentConfig,
     check_flags,
     check_writable,
+    plain,
     resolve_device,
 )
 from examples.vtrace.learner import AsyncLearner, NonFiniteGradients
@@ -167,6 +168,7 @@ def join_group(flags, model, resumed_version):
 
 
 def train(flags, device, preemption=None):
+    flags = plain(flags)
     # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
     envs, workers, observation_space, action_space = create_envs(flags)
     model = create_model(

@@ -4,11 +4,10 @@ asked), and a progress line on stdout."""
 import os
 import pathlib
 
-from omegaconf import OmegaConf
-
 from examples.common.stats import Stats
 from examples.common.tensorboard import TensorBoardLog
 from examples.common.tsvlog import TsvLog
+from examples.vtrace.config import as_dict
 
 
 def start_wandb(flags):
@@ -20,7 +19,7 @@ def start_wandb(flags):
     mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
     kwargs = dict(
         project=flags.project, entity=flags.entity, group=flags.group, name=flags.local_name,
-        config=OmegaConf.to_container(flags, resolve=True), dir=flags.localdir,
+        config=as_dict(flags), dir=flags.localdir,
     )  # fmt: skip
     try:
         run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=30), **kwargs)

@@ -36,10 +36,16 @@ def compute_loss(flags, model, batch):
         mask=mask,
     )
     num_samples = actions.numel()
-    advantages = returns.pg_advantages
+    # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
+    # V-trace's advantages); without, V-trace's policy gradient, weighted by the clipped ratio.
+    advantages = returns.advantages if flags.pg_clip else returns.pg_advantages
     if flags.normalize_advantages:
         advantages = normalized(advantages, mask)
-    pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages) / num_samples
+    if flags.pg_clip:
+        pg_loss = vtrace.clipped_surrogate_loss(returns.log_rhos, advantages, flags.pg_clip, mask)
+    else:
+        pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages)
+    pg_loss = pg_loss / num_samples
     baseline_loss = vtrace.baseline_loss(returns.vs - values) / num_samples
     entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
     total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss

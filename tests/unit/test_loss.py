@@ -26,3 +26,49 @@ def test_without_a_mask_and_with_too_few_samples():
     assert torch.allclose(normalized(advantages), torch.tensor([[-0.7071, 0.7071]]), atol=1e-4)
     one = torch.tensor([[2.0]])
     assert torch.equal(normalized(one), one)
+
+
+def test_clipped_surrogate_gives_no_gradient_once_the_ratio_left_the_clip_range():
+    from examples.common.vtrace import clipped_surrogate_loss
+
+    # Ratios 0.5, 1.0 and 1.5 with clip 0.2: positive advantages push the ratio up, so only a
+    # ratio below 1.2 gets a gradient; negative ones push it down, so only one above 0.8 does.
+    log_rhos = torch.tensor([[0.5, 1.0, 1.5]]).log().requires_grad_()
+    # d(-r A)/d(log r) = -r A where the ratio counts, 0 where it is clipped.
+    for advantage, expected in [(1.0, [-0.5, -1.0, 0.0]), (-1.0, [0.0, 1.0, 1.5])]:
+        loss = clipped_surrogate_loss(log_rhos, torch.full((1, 3), advantage), clip=0.2)
+        (grad,) = torch.autograd.grad(loss, log_rhos)
+        torch.testing.assert_close(grad, torch.tensor([expected]))
+    masked = clipped_surrogate_loss(log_rhos, torch.ones(1, 3), 0.2, torch.tensor([[1, 0, 1]]))
+    torch.testing.assert_close(masked, -torch.tensor(0.5 + 1.2))
+
+
+def test_pg_clip_loss_equals_the_policy_gradient_on_policy():
+    """With the actor's own policy (ratio 1), PPO's surrogate and V-trace's policy gradient have
+    the same gradient: pg_clip changes the passes after the first, not the first one."""
+    from types import SimpleNamespace
+
+    from examples.vtrace.loss import compute_loss
+
+    torch.manual_seed(0)
+    T, B, A = 5, 3, 4
+    model = torch.nn.Linear(2, A + 1)
+
+    def net(inputs, core_state):
+        out = model(inputs["state"])
+        return {"policy_logits": out[..., :A], "baseline": out[..., A]}, ()
+
+    state = torch.randn(T + 1, B, 2)
+    with torch.no_grad():
+        behaviour = net({"state": state}, ())[0]["policy_logits"]
+    batch = {"state": state, "done": torch.zeros(T + 1, B, dtype=torch.bool),
+             "reward": torch.randn(T + 1, B), "action": torch.randint(A, (T + 1, B)),
+             "policy_logits": behaviour}  # fmt: skip
+    grads = []
+    for pg_clip in (0.0, 0.2):
+        flags = SimpleNamespace(reward_clip=1.0, discounting=0.99, normalize_advantages=True,
+                                pg_clip=pg_clip, baseline_cost=0.5, entropy_cost=0.01)  # fmt: skip
+        loss, _ = compute_loss(flags, net, batch)
+        grads.append(torch.autograd.grad(loss, list(model.parameters())))
+    for with_clip, without in zip(*grads, strict=True):
+        torch.testing.assert_close(with_clip, without)

@@ -44,3 +44,25 @@ def test_every_preset_passes_the_flag_checks(preset):
 def test_atari_cpu_preset_keeps_atari():
     flags = config("preset=atari_cpu", "env.name=ALE/Breakout-v5")
     assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 8
+
+
+def test_the_loop_reads_a_plain_dataclass_with_the_same_settings():
+    from omegaconf import OmegaConf
+
+    from examples.vtrace.config import ExperimentConfig, as_dict, plain
+
+    flags = config("preset=atari_cpu", "local_name=peer3")
+    fast = plain(flags)
+    assert isinstance(fast, ExperimentConfig) and plain(fast) is fast
+    assert fast.localdir == f"{flags.savedir}/peers/peer3"  # interpolations resolved
+    assert fast.optimizer.learning_rate == flags.optimizer.learning_rate
+    # Checkpoints and wandb store the same dict from either form.
+    assert as_dict(fast) == as_dict(flags) == OmegaConf.to_container(flags, resolve=True)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0])
+def test_pg_clip_out_of_range_is_refused(value):
+    from examples.vtrace.config import ConfigError
+
+    with pytest.raises(ConfigError, match="pg_clip must be in"):
+        check_flags(config(f"pg_clip={value}"))
