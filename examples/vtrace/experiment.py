@@ -34,6 +34,7 @@ from examples.common.stats import GroupStats
 from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 from examples.vtrace import cluster
 from examples.vtrace.actor import Actor, LearnerQueue
+from examples.vtrace.admission import Lobby
 from examples.vtrace.checkpoints import Checkpointer, load_checkpoint
 from examples.vtrace.command_line import check_command_line
 from examples.vtrace.config import (
@@ -130,7 +131,8 @@ def act(actor, queue, log, group_stats):
     unroll = actor.step()
     stats = actor.take_stats()
     log.add(stats)
-    group_stats.add(stats)
+    if group_stats is not None:  # None before the group is joined
+        group_stats.add(stats)
     if unroll is not None and queue.full():
         log.count("dropped_unrolls")
     elif unroll is not None:
@@ -153,18 +155,41 @@ def progress(state, accumulator, group, learner_stats):
     }
 
 
-def join_group(flags, model, resumed_version):
-    """The broker connection, the group and the Accumulator that shares the model's gradients."""
+def enter_lobby(flags, model):
+    """The broker connection, and this peer's place in its group's lobby (admission.py), where
+    a peer whose model or settings do not fit the group's is refused."""
     rpc = moolib.Rpc()
     rpc.set_name(flags.local_name)
+    lobby = Lobby(rpc, group_name(flags), flags, model)
     rpc.connect(flags.connect)
-    group = moolib.Group(rpc, f"{flags.entity}/{flags.project}/{flags.group}")
+    return rpc, lobby
+
+
+def wait_for_admission(flags, lobby, actor, queue, log, stop):
+    """Until the lobby lets this peer in (GroupMismatch if it does not fit), or a signal stops
+    it; acting now and then keeps the env workers alive meanwhile."""
+    last_act = time.monotonic()
+    while not stop and not lobby.admitted(now := time.monotonic()):
+        if not lobby.group.active():
+            log.note_waiting(now, flags.connect)
+        if now - last_act >= KEEP_ENVS_ALIVE_S:
+            last_act = now
+            act(actor, queue, log, None)
+        time.sleep(0.05)
+
+
+def join_group(flags, rpc, model, resumed_version):
+    """The group and the Accumulator that shares the model's gradients."""
+    group = moolib.Group(rpc, group_name(flags))
     accumulator = moolib.Accumulator("model", model.parameters(), model.buffers(), group=group)
     accumulator.set_virtual_batch_size(flags.virtual_batch_size)
     if resumed_version is not None:
         accumulator.set_model_version(resumed_version)
-        print(f"Resumed from {flags.savedir}/checkpoint.tar at model version {resumed_version}")
-    return rpc, group, accumulator
+    return group, accumulator
+
+
+def group_name(flags):
+    return f"{flags.entity}/{flags.project}/{flags.group}"
 
 
 def train(flags, device, preemption=None):
@@ -176,30 +201,37 @@ def train(flags, device, preemption=None):
     ).to(device)
     state = LearnerState(model, create_optimizer(flags, model))
     resumed_version = load_checkpoint(flags, state)
+    if resumed_version is not None:
+        print(f"Resumed from {flags.savedir}/checkpoint.tar at model version {resumed_version}")
     model.zero_grad(set_to_none=False)  # the Accumulator needs every .grad to exist
 
     print(
-        f"Peer {flags.local_name} of {flags.entity}/{flags.project}/{flags.group} on {device} "
+        f"Peer {flags.local_name} of {group_name(flags)} on {device} "
         f"({model.precision}); logs in {flags.localdir}"
     )
-    rpc, group, accumulator = join_group(flags, model, resumed_version)
     actor = Actor(flags, envs, model, device, workers)
     queue = LearnerQueue(flags, device)
-    learner = AsyncLearner(flags, model)
-    start = last_act = time.monotonic()
-    group_stats = GroupStats(group, flags.log_interval)
+    start = time.monotonic()
     log = ProgressLog(flags, start)
-    checkpoints = Checkpointer(flags, start)
-    optimizer_stats = {"grad_norm": float("nan"), "virtual_batch_size": 0}
     stop = stop_on_signals()
     if preemption is not None:
         preemption.connect(stop.append)
+
+    rpc, lobby = enter_lobby(flags, model)
+    wait_for_admission(flags, lobby, actor, queue, log, stop)
+    group, accumulator = join_group(flags, rpc, model, resumed_version)
+    learner = AsyncLearner(flags, model)
+    last_act = time.monotonic()
+    group_stats = GroupStats(group, flags.log_interval)
+    checkpoints = Checkpointer(flags, start)
+    optimizer_stats = {"grad_norm": float("nan"), "virtual_batch_size": 0}
     fatal = None  # why this peer must exit non-zero once it has stopped
 
     while not stop:
         group.update()
         accumulator.update()
         now = time.monotonic()
+        lobby.update(now)
         if not accumulator.connected():
             log.note_waiting(now, flags.connect)
             time.sleep(0.05)
@@ -243,7 +275,7 @@ def train(flags, device, preemption=None):
         print(f"experiment: error: {fatal}", file=sys.stderr)
         exit_now(1)  # a thread may still wait on a dead env worker: see workers.exit_now
     # moolib's objects point at each other: free them newest first, not in Python's order.
-    del queue, accumulator, group, rpc
+    del queue, accumulator, group, lobby, rpc
     return 0
 
 
