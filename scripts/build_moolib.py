@@ -3,11 +3,12 @@
 
 moolib's only registry release is the 0.0.9b0 sdist, which does not build with current
 cmake, Python 3.11 and libstdc++ as shipped. This script is the one place that knows how to
-make it build: it downloads that sdist by name, applies seven small fixes (each explained in
+make it build: it downloads that sdist by name, applies eight small fixes (each explained in
 apply_fixes: three make it build, one changes how tensorpipe polls at run time, so that an
 idle moolib process no longer keeps a core busy, one makes the installed extension find the
 torch of the venv it is installed in, one makes the broker end cleanly on SIGINT and SIGTERM,
-and one builds without debug information), builds a wheel against the torch already
+one builds without debug information, and one keeps an unreachable network from aborting the
+process), builds a wheel against the torch already
 installed in this interpreter, caches it, and pip-installs it.
 
     python scripts/build_moolib.py            # build or reuse, then install
@@ -32,7 +33,7 @@ import time
 
 MOOLIB_VERSION = "0.0.9b0"
 # Bump whenever the fixes below change: it is part of the cache key.
-FIX_REVISION = 4
+FIX_REVISION = 5
 PYBIND11_REQUIREMENT = "pybind11>=2.12,<3"
 MIN_CMAKE = (3, 12)
 
@@ -193,6 +194,7 @@ def apply_fixes(src):
     relative_runpath(src)
     broker_ends_on_signals(src)
     release_build(src)
+    unreachable_network_is_an_error_not_an_abort(src)
 
 
 def relative_runpath(src):
@@ -252,6 +254,34 @@ def release_build(src):
         'build_type = "Debug" if self.debug else "RelWithDebInfo"',
         'build_type = "Debug" if self.debug else "Release"',
         "Release build: no debug information",
+    )
+
+
+def unreachable_network_is_an_error_not_an_abort(src):
+    # Fix 8 (run time): while a peer's network is down, connecting fails at once with
+    # "network is unreachable"; tensorpipe threw that from its event loop, which aborted the
+    # whole process (SIGABRT) instead of failing the one connection that moolib retries later.
+    # Hand the failure to the connection's callback, as for a connection that fails later.
+    uv_header = src / "src/tensorpipe/tensorpipe/transport/uv/uv.h"
+    patch_file(
+        uv_header,
+        "    auto rv = uv_tcp_connect(request->ptr(), handle, addr, uvConnectCb);\n"
+        "    request.release();\n",
+        "    auto rv = uv_tcp_connect(request->ptr(), handle, addr, uvConnectCb);\n"
+        "    if (rv < 0) {\n"
+        "      // Failed at once: libuv will not call back, so say it here.\n"
+        "      request->connectCallback_(rv);\n"
+        "      return rv;\n"
+        "    }\n"
+        "    request.release();\n",
+        "a connect that fails at once reports through its callback",
+    )
+    patch_file(
+        uv_header,
+        "    auto rv = ConnectRequest::perform(ptr(), addr.addr(), std::move(fn));\n"
+        "    TP_THROW_UV_IF(rv < 0, rv);\n",
+        "    ConnectRequest::perform(ptr(), addr.addr(), std::move(fn));\n",
+        "no abort when the network is unreachable",
     )
 
 

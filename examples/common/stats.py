@@ -73,5 +73,10 @@ class GroupStats:
             self.future = None
         if self.future is None and now - self.last_sent >= self.interval:
             self.last_sent = now
-            self.sent, self.unsent = self.unsent, Stats()
-            self.future = self.group.all_reduce("stats", self.sent.to_dict(), add_dicts)
+            try:
+                future = self.group.all_reduce("stats", self.unsent.to_dict(), add_dicts)
+            except RuntimeError:
+                # Cut off from the group ("local peer is not a member of the specified
+                # group"): keep the numbers for the first reduction after it rejoins.
+                return
+            self.sent, self.unsent, self.future = self.unsent, Stats(), future
