@@ -172,7 +172,7 @@ def test_a_partition_that_heals(hosts, children, tmp_path):
     print(f"B trained with A again {time.monotonic() - healed:.0f} s after the link came back")
     for peer in peers.values():
         peer.signal(signal.SIGTERM)
-    for name, peer in peers.items():
+    for peer in peers.values():
         assert peer.wait(60) == 0, peer.output[-3000:]
         assert "Traceback" not in peer.output, peer.output[-3000:]
     final = torch.load(savedir / "checkpoint.tar", weights_only=True)["model_version"]
