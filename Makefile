@@ -2,6 +2,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+# Wheels that pip is told to look for on this machine (PIP_FIND_LINKS) are uv's to find too.
+UV_FIND_LINKS := $(foreach dir,$(PIP_FIND_LINKS),--find-links $(dir))
 # Override for a CUDA build of torch, e.g. make install TORCH="torch==2.13.0 --index-url ..."
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
@@ -9,14 +12,15 @@ STAMP := $(VENV)/.installed
 .PHONY: install run test test-fast lint format bench results results-atari broker clean
 
 # Always re-checks every step (each is quick when already done), so it is safe to run again.
+# The packages go in with uv (from the package index, into the venv): 5-10x faster than pip at
+# unpacking torch and the test dependencies. pip stays in the venv for the moolib build.
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	@test -x $(UV) || $(PY) -m pip install -q uv
 # numpy first: torch warns at import without it, and the moolib build imports torch.
-	$(PY) -m pip install -q numpy
-	$(PY) -m pip install -q $(TORCH)
+	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) numpy $(TORCH)
 	$(PY) scripts/build_moolib.py
-	$(PY) -m pip install -q -e '.[test]'
+	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) -e '.[test]'
 	@touch $(STAMP)
 
 $(STAMP): setup.py scripts/build_moolib.py Makefile
@@ -41,7 +45,7 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 
 bench: $(STAMP)
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) -e '.[test,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 
 # The MinAtar table and curves in docs/ (5 games x 3 seeds x 5M steps: about an hour on 2 idle
