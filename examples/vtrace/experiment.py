@@ -192,10 +192,9 @@ def group_name(flags):
     return f"{flags.entity}/{flags.project}/{flags.group}"
 
 
-def train(flags, device, preemption=None):
-    flags = plain(flags)
-    # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
-    envs, workers, observation_space, action_space = create_envs(flags)
+def create_learner_state(flags, observation_space, action_space, device):
+    """The model and its LearnerState, resumed from savedir/checkpoint.tar when there is one;
+    returns (model, state, the checkpoint's model version or None)."""
     model = create_model(
         observation_space, action_space.n, flags.use_lstm, flags.precision, device, flags.atari_net
     ).to(device)
@@ -204,11 +203,18 @@ def train(flags, device, preemption=None):
     if resumed_version is not None:
         print(f"Resumed from {flags.savedir}/checkpoint.tar at model version {resumed_version}")
     model.zero_grad(set_to_none=False)  # the Accumulator needs every .grad to exist
+    return model, state, resumed_version
 
-    print(
-        f"Peer {flags.local_name} of {group_name(flags)} on {device} "
-        f"({model.precision}); logs in {flags.localdir}"
+
+def train(flags, device, preemption=None):
+    flags = plain(flags)
+    # EnvPool forks its workers, and moolib refuses to fork once it has threads: it comes first.
+    envs, workers, observation_space, action_space = create_envs(flags)
+    model, state, resumed_version = create_learner_state(
+        flags, observation_space, action_space, device
     )
+    where = f"{group_name(flags)} on {device} ({model.precision}); logs in {flags.localdir}"
+    print(f"Peer {flags.local_name} of {where}")
     actor = Actor(flags, envs, model, device, workers)
     queue = LearnerQueue(flags, device)
     start = time.monotonic()
@@ -216,7 +222,6 @@ def train(flags, device, preemption=None):
     stop = stop_on_signals()
     if preemption is not None:
         preemption.connect(stop.append)
-
     rpc, lobby = enter_lobby(flags, model)
     wait_for_admission(flags, lobby, actor, queue, log, stop)
     group, accumulator = join_group(flags, rpc, model, resumed_version)
