@@ -43,6 +43,7 @@ def from_logits(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     mask: torch.Tensor | None = None,
+    lambda_: float = 1.0,
 ) -> VTraceFromLogitsReturns:
     """V-trace from the actor's (behaviour) and learner's (target) policy logits."""
     target_action_log_probs = action_log_probs(target_policy_logits, actions)
@@ -57,6 +58,7 @@ def from_logits(
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         mask=mask,
+        lambda_=lambda_,
     )
     return VTraceFromLogitsReturns(
         vs=vtrace_returns.vs,
@@ -78,6 +80,7 @@ def from_importance_weights(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     mask: torch.Tensor | None = None,
+    lambda_: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets from log importance weights log(pi(a)/mu(a)).
 
@@ -85,12 +88,14 @@ def from_importance_weights(
     ``mask`` ([T, B], false = not a real transition, such as the filler step after a time-limit
     cut) zeroes that step's TD error, trace and advantage: there vs = V(x), so its value is
     neither trained nor passed on, and the step before still bootstraps from V(x).
+    ``lambda_`` scales the traces (c_s = lambda * min(1, rho_s), the paper's section 4.2): on
+    policy, vs is then the lambda-return of GAE (Schulman et al. 2016) instead of the n-step one.
     """
     rhos = torch.exp(log_rhos)
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
     # The paper's c-bar is fixed at 1: traces are cut as soon as the target policy is less
     # likely than the behaviour policy, which keeps the variance of the product bounded.
-    cs = rhos.clamp(max=1.0)
+    cs = lambda_ * rhos.clamp(max=1.0)
     if mask is not None:
         clipped_rhos = clipped_rhos * mask
         cs = cs * mask

@@ -34,6 +34,7 @@ def compute_loss(flags, model, batch):
         values=values.detach(),
         bootstrap_value=outputs["baseline"][-1].detach(),
         mask=mask,
+        lambda_=flags.vtrace_lambda,
     )
     num_samples = actions.numel()
     # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
