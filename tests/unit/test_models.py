@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from examples.vtrace.models import AtariNet, MinAtarNet, MLPNet, NatureNet, create_model
+from examples.vtrace.models import (
+    AtariNet,
+    HalfNatureNet,
+    MinAtarNet,
+    MLPNet,
+    NatureNet,
+    create_model,
+)
 
 NUM_ACTIONS = 6
 
@@ -15,6 +22,7 @@ NUM_ACTIONS = 6
 NETS = {
     "atari": (AtariNet, (4, 84, 84), torch.uint8),
     "nature": (NatureNet, (4, 84, 84), torch.uint8),
+    "nature_half": (HalfNatureNet, (4, 84, 84), torch.uint8),
     "minatar": (MinAtarNet, (10, 10, 4), torch.bool),
     "mlp": (MLPNet, (4,), torch.float64),
 }
@@ -108,6 +116,7 @@ def test_atari_net_picks_the_atari_torso():
     atari = box((4, 84, 84), np.uint8)
     assert type(create_model(atari, NUM_ACTIONS, atari_net="nature")) is NatureNet
     assert type(create_model(atari, NUM_ACTIONS, atari_net="resnet")) is AtariNet
+    assert type(create_model(atari, NUM_ACTIONS, atari_net="nature_half")) is HalfNatureNet
     # Only Atari frames have a choice: MinAtar keeps its net whatever atari_net says.
     minatar = box((10, 10, 4), np.bool_)
     assert type(create_model(minatar, NUM_ACTIONS, atari_net="nature")) is MinAtarNet
@@ -276,3 +285,13 @@ def test_auto_precision_is_bf16_only_where_measured_faster():
     assert nature.precision == "fp32"
     cartpole = gym.spaces.Box(-1, 1, (4,))
     assert create_model(cartpole, NUM_ACTIONS, precision="auto").precision == "fp32"
+
+
+def test_half_nature_net_is_the_nature_net_at_half_width():
+    model = HalfNatureNet((4, 84, 84), NUM_ACTIONS)
+    convs = [m for m in model.convs if isinstance(m, torch.nn.Conv2d)]
+    shapes = [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs]
+    assert shapes == [(16, 8, 4), (32, 4, 2), (32, 3, 1)]
+    assert model.fc.in_features == 32 * 7 * 7 and model.fc.out_features == 256
+    full = sum(p.numel() for p in NatureNet((4, 84, 84), NUM_ACTIONS).parameters())
+    assert sum(p.numel() for p in model.parameters()) < full / 3

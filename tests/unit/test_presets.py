@@ -66,3 +66,11 @@ def test_pg_clip_out_of_range_is_refused(value):
 
     with pytest.raises(ConfigError, match="pg_clip must be in"):
         check_flags(config(f"pg_clip={value}"))
+
+
+@pytest.mark.parametrize("value", [-0.5, 1.5])
+def test_vtrace_lambda_out_of_range_is_refused(value):
+    from examples.vtrace.config import ConfigError
+
+    with pytest.raises(ConfigError, match="vtrace_lambda must be in"):
+        check_flags(config(f"vtrace_lambda={value}"))

@@ -226,3 +226,25 @@ def test_cuda_matches_cpu():
     assert gpu.vs.is_cuda
     torch.testing.assert_close(gpu.vs.cpu(), cpu.vs)
     torch.testing.assert_close(gpu.pg_advantages.cpu(), cpu.pg_advantages)
+
+
+@pytest.mark.parametrize("lambda_", [0.0, 0.5, 0.95])
+def test_lambda_gives_the_lambda_return_on_policy(lambda_):
+    """On policy (rho = 1) with lambda, vs is GAE's lambda-return: V + sum of
+    (gamma lambda)^k delta_{s+k}, written out here as a double sum."""
+    T, B = 6, 3
+    inputs = {**make_inputs(T, B, seed=3), "log_rhos": torch.zeros(T, B)}
+    out = vtrace.from_importance_weights(**inputs, lambda_=lambda_)
+    values, discounts = inputs["values"].double(), inputs["discounts"].double()
+    next_values = torch.cat([values[1:], inputs["bootstrap_value"].double()[None]])
+    deltas = inputs["rewards"].double() + discounts * next_values - values
+    expected = values.clone()
+    for s in range(T):
+        weight = torch.ones(B, dtype=torch.float64)
+        for t in range(s, T):
+            expected[s] += weight * deltas[t]
+            weight = weight * discounts[t] * lambda_
+    torch.testing.assert_close(out.vs.double(), expected, atol=ATOL, rtol=RTOL)
+    if lambda_ == 0.0:  # one-step targets: r + gamma V(x')
+        one_step = inputs["rewards"].double() + discounts * next_values
+        torch.testing.assert_close(out.vs.double(), one_step, atol=ATOL, rtol=RTOL)
