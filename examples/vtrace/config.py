@@ -71,6 +71,10 @@ class ExperimentConfig:
     virtual_batch_size: int = 32  # least samples per optimizer step, summed over peers
     max_queued_batches: int = 2  # learner batches acted ahead before acting waits for learning
     learner_passes: int = 1  # optimizer steps per learner batch (2: learn from every batch twice)
+    # >1: every pass over a learner batch is that many optimizer steps, each on batch_size /
+    # learner_minibatches of its unrolls in a random order (PPO's minibatches); virtual_batch_size
+    # then counts minibatch unrolls.
+    learner_minibatches: int = 1
     total_steps: int = 50_000_000  # env steps trained on, over the whole group
 
     discounting: float = 0.99
@@ -123,7 +127,7 @@ CONFIG_DIR = pathlib.Path(__file__).parent
 
 POSITIVE_INTEGERS = ["actor_batch_size", "num_actor_batches", "num_actor_cpus", "batch_size",
                      "unroll_length", "virtual_batch_size", "total_steps", "max_queued_batches",
-                     "learner_passes", "env.num_action_repeats"]  # fmt: skip
+                     "learner_passes", "learner_minibatches", "env.num_action_repeats"]  # fmt: skip
 POSITIVE_NUMBERS = ["log_interval", "checkpoint_interval", "checkpoint_history_interval",
                     "optimizer.learning_rate"]  # fmt: skip
 
@@ -162,11 +166,19 @@ def check_flags(flags):
     if flags.precision not in ("auto", *PRECISIONS):
         raise ConfigError(f"precision must be auto, fp32 or bf16, got {flags.precision!r}")
     if flags.atari_net not in ATARI_NETS:
-        raise ConfigError(f"atari_net must be {' or '.join(ATARI_NETS)}, got {flags.atari_net!r}")
-    if flags.virtual_batch_size < flags.batch_size:
+        names = ", ".join(ATARI_NETS)
+        raise ConfigError(f"atari_net must be one of {names}, got {flags.atari_net!r}")
+    if flags.batch_size % flags.learner_minibatches:
+        raise ConfigError(
+            f"batch_size ({flags.batch_size}) must be a multiple of learner_minibatches "
+            f"({flags.learner_minibatches}): every minibatch has the same number of unrolls"
+        )
+    minibatch = flags.batch_size // flags.learner_minibatches
+    if flags.virtual_batch_size < minibatch:
         raise ConfigError(
             f"virtual_batch_size ({flags.virtual_batch_size}) is less than batch_size "
-            f"({flags.batch_size}): every optimizer step takes at least one learner batch"
+            f"({flags.batch_size}) / learner_minibatches ({flags.learner_minibatches}): every "
+            "optimizer step takes at least one learner minibatch"
         )
 
 

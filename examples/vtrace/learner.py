@@ -29,6 +29,26 @@ def checked_gradients(flags, model, batch):
     return grads, losses, finite
 
 
+def minibatches(batch, count, generator):
+    """A learner batch ([T+1, B, ...] tensors, and an LSTM's core state [layers, B, hidden]) cut
+    into `count` minibatches of B / count whole unrolls each, drawn in a random order; the batch
+    itself when count is 1. Unrolls stay whole: V-trace runs along each one's time axis."""
+    if count == 1:
+        return [batch]
+    size = next(iter(batch.values())).shape[1]
+    order = torch.randperm(size, generator=generator)
+    parts = []
+    for indices in order.chunk(count):
+        part = {}
+        for key, value in batch.items():
+            if key == "core_state":
+                part[key] = tuple(v.index_select(1, indices.to(v.device)) for v in value)
+            else:
+                part[key] = value.index_select(1, indices.to(value.device))
+        parts.append(part)
+    return parts
+
+
 class AsyncLearner:
     """Computes the gradients of one learner batch at a time in a second thread, so that acting
     goes on meanwhile (torch lets go of the GIL inside its kernels).
@@ -48,11 +68,15 @@ class AsyncLearner:
         self.finished = None  # (gradients, sync id) not yet handed to the Accumulator
         self.losses = dict.fromkeys(LOSS_NAMES, math.nan)
         self.last_batch, self.passes_left = None, 0
+        # Minibatches of the current pass not yet learned from (learner_minibatches > 1).
+        self.pending = []
+        self.shuffle = torch.Generator().manual_seed(flags.seed)
+        self.minibatch_size = flags.batch_size // flags.learner_minibatches
         # (model version, sync id, batches) this peer reduced since the group's last step, until
         # the group steps past that version (or changes): see update(). A lone peer must be able
         # to fill a virtual batch by itself, so up to that many batches may go per step.
         self.in_flight = None
-        self.batches_per_step = -(-flags.virtual_batch_size // flags.batch_size)
+        self.batches_per_step = -(-flags.virtual_batch_size // self.minibatch_size)
         # Batches whose gradients were not finite and were kept from the group: in a row, and
         # since the last take_nonfinite_count().
         self.nonfinite_in_a_row, self.nonfinite = 0, 0
@@ -103,7 +127,7 @@ class AsyncLearner:
             if started_in == sync_id:
                 for param, grad in zip(self.model.parameters(), grads, strict=True):
                     param.grad.copy_(grad)
-                accumulator.reduce_gradients(self.flags.batch_size)
+                accumulator.reduce_gradients(self.minibatch_size)
                 batches = 1 if self.in_flight is None else self.in_flight[2] + 1
                 self.in_flight = accumulator.model_version(), sync_id, batches
             else:
@@ -133,15 +157,20 @@ class AsyncLearner:
     def next_batch(self, queue):
         """The batch to learn from next: the last one again until it has had learner_passes
         passes (each on the weights the previous pass updated; V-trace corrects for the policy
-        having moved), then a new one from the queue; None if there is none yet."""
-        if self.passes_left > 0:
+        having moved), then a new one from the queue; None if there is none yet. With
+        learner_minibatches > 1, each pass is that many minibatches of the batch's unrolls, in
+        a new random order every pass (PPO's epochs over shuffled minibatches)."""
+        if not self.pending:
+            if self.passes_left == 0:
+                if not queue.ready():
+                    return None
+                self.last_batch = queue.get()
+                self.passes_left = self.flags.learner_passes
             self.passes_left -= 1
-            return self.last_batch
-        if not queue.ready():
-            return None
-        self.last_batch = queue.get()
-        self.passes_left = self.flags.learner_passes - 1
-        return self.last_batch
+            self.pending = minibatches(
+                self.last_batch, self.flags.learner_minibatches, self.shuffle
+            )
+        return self.pending.pop()
 
     def close(self):
         self.thread.shutdown()  # waits for a running batch

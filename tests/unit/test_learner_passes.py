@@ -33,9 +33,10 @@ class Accumulator:
         pass
 
 
-def flags(passes):
+def flags(passes, minibatches=1):
     return SimpleNamespace(
-        learner_passes=passes, unroll_length=20, batch_size=8, virtual_batch_size=8,
+        learner_passes=passes, learner_minibatches=minibatches, seed=0,
+        unroll_length=20, batch_size=8, virtual_batch_size=8 // minibatches,
         total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
         optimizer=SimpleNamespace(learning_rate=0.001),
     )  # fmt: skip
@@ -54,6 +55,48 @@ def test_each_batch_comes_back_for_every_pass():
     taken = [learner.next_batch(queue) for _ in range(7)]
     learner.close()
     assert taken == ["a", "a", "a", "b", "b", "b", None]
+
+
+def batch(first_unroll, size=8, T=3):
+    """A learner batch whose unroll b holds the number first_unroll + b everywhere."""
+    ids = torch.arange(first_unroll, first_unroll + size, dtype=torch.float32)
+    return {
+        "state": ids.view(1, size, 1).expand(T, size, 2).clone(),
+        "action": ids.view(1, size).expand(T, size).long(),
+        "core_state": (ids.view(1, size, 1).clone(), ids.view(1, size, 1).clone()),
+    }
+
+
+def unroll_ids(minibatch):
+    ids = minibatch["action"][0].tolist()
+    # Every key of a minibatch holds the same unrolls, all of each one's steps.
+    assert (minibatch["action"] == minibatch["action"][:1]).all()
+    assert minibatch["state"][0, :, 0].long().tolist() == ids
+    assert minibatch["core_state"][0][0, :, 0].long().tolist() == ids
+    return ids
+
+
+def test_minibatches_cover_the_batch_once_per_pass_in_new_orders():
+    learner = AsyncLearner(flags(passes=3, minibatches=4), nn.Linear(2, 1))
+    queue = Queue([batch(0), batch(100)])
+    taken = [learner.next_batch(queue) for _ in range(3 * 4 * 2 + 1)]
+    learner.close()
+    assert taken[-1] is None
+    passes = [[unroll_ids(m) for m in taken[i : i + 4]] for i in range(0, 24, 4)]
+    for i, minibatches in enumerate(passes):
+        assert all(len(ids) == 2 for ids in minibatches)
+        first = 0 if i < 3 else 100
+        assert sorted(sum(minibatches, [])) == list(range(first, first + 8))
+    orders = [sum(p, []) for p in passes[:3]]
+    assert len({tuple(order) for order in orders}) > 1  # reshuffled between passes
+
+
+def test_minibatches_count_as_env_steps_once():
+    s = state()
+    for _ in range(3 * 4):  # one batch of 8 unrolls: 3 passes of 4 minibatches of 2
+        step_optimizer(flags(3, minibatches=4), s, Accumulator(2))
+    assert s.env_train_steps == 8 * 20
+    assert s.learned_samples == 3 * 8 * 20
 
 
 def test_one_pass_takes_a_new_batch_every_time():

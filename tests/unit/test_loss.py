@@ -67,7 +67,8 @@ def test_pg_clip_loss_equals_the_policy_gradient_on_policy():
     grads = []
     for pg_clip in (0.0, 0.2):
         flags = SimpleNamespace(reward_clip=1.0, discounting=0.99, normalize_advantages=True,
-                                pg_clip=pg_clip, baseline_cost=0.5, entropy_cost=0.01)  # fmt: skip
+                                pg_clip=pg_clip, baseline_cost=0.5, entropy_cost=0.01,
+                                vtrace_lambda=1.0)  # fmt: skip
         loss, _ = compute_loss(flags, net, batch)
         grads.append(torch.autograd.grad(loss, list(model.parameters())))
     for with_clip, without in zip(*grads, strict=True):

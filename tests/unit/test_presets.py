@@ -74,3 +74,13 @@ def test_vtrace_lambda_out_of_range_is_refused(value):
 
     with pytest.raises(ConfigError, match="vtrace_lambda must be in"):
         check_flags(config(f"vtrace_lambda={value}"))
+
+
+def test_batch_size_must_divide_into_minibatches():
+    from examples.vtrace.config import ConfigError
+
+    with pytest.raises(ConfigError, match="multiple of learner_minibatches"):
+        check_flags(config("batch_size=10", "virtual_batch_size=10", "learner_minibatches=4"))
+    with pytest.raises(ConfigError, match="at least one learner minibatch"):
+        check_flags(config("batch_size=16", "virtual_batch_size=2", "learner_minibatches=4"))
+    check_flags(config("batch_size=16", "virtual_batch_size=4", "learner_minibatches=4"))
