@@ -9,7 +9,8 @@ UV_FIND_LINKS := $(foreach dir,$(PIP_FIND_LINKS),--find-links $(dir))
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint format bench results results-atari broker clean
+.PHONY: install run test test-fast lint format bench results results-atari broker clean \
+	cuda-build-check
 
 # Always re-checks every step (each is quick when already done), so it is safe to run again.
 # The packages go in with uv (from the package index, into the venv): 5-10x faster than pip at
@@ -57,6 +58,13 @@ results: $(STAMP)
 # a time: about 2.5 hours on 2 idle cores); finished runs in /tmp/bench-atari are reused.
 results-atari: $(STAMP)
 	$(PY) -m bench.atari $(RESULTS_ARGS)
+
+# Does moolib build with CUDA against torch 2.13.0 and 2.14.1 (CUDA builds of torch and NVIDIA's
+# compiler from the package index, in throwaway venvs under /tmp/moolib-cuda-check)? No GPU
+# needed; about 3 GB of downloads, 6-7 GB of disk and 30 minutes per version on 2 cores. Not
+# part of CI. E.g. make cuda-build-check CUDA_CHECK_ARGS="--torch 2.14.1 --keep"
+cuda-build-check:
+	$(PYTHON) scripts/cuda_build_check.py $(CUDA_CHECK_ARGS)
 
 broker: $(STAMP)
 	$(PY) -m moolib.broker

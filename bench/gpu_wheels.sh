@@ -2,7 +2,8 @@
 # Fill a folder with what bench/gpu_check.sh installs on a machine without network: wheels of the
 # examples' run-time packages for one Python version (3.12 by default, the GPU machine's), pytest,
 # the build requirements of moolib, and moolib's sdist. torch is not among them: the GPU machine
-# has its own CUDA build.
+# has its own CUDA build. Nor is OpenCV (opencv-python-headless is 54 MiB; the folder and the
+# checkout must fit in 64 MiB): bench/cv2_standin stands in for the one call the envs make.
 #
 #     bench/gpu_wheels.sh [DIR] [PYTHON_VERSION]     # default: bench/gpu-wheels 3.12
 #
@@ -19,7 +20,7 @@ fi
 mkdir -p "$dir"
 # Only what a V-trace peer, the CUDA test and the build need; not wandb, matplotlib or imageio.
 packages=(
-    "gymnasium>=1.0" "ale-py>=0.9" "opencv-python-headless>=4.8"
+    "gymnasium>=1.0" "ale-py>=0.9"
     "plotext>=6" "psutil>=5.9" numpy PyYAML packaging
     "pybind11>=2.12,<3" setuptools wheel "pytest>=8" "pytest-timeout>=2.2"
 )
@@ -36,4 +37,6 @@ target=(--python-version "$version" --implementation cp --platform manylinux2014
 # The sdist that scripts/build_moolib.py builds from (it asks pip for it by name).
 moolib=$("$python" -c "import sys; sys.path.insert(0, 'scripts'); import build_moolib; print(build_moolib.MOOLIB_VERSION)")
 "$python" -m pip download -q --dest "$dir" --no-deps --no-binary :all: "moolib==$moolib"
+# A folder made before OpenCV was left out still has its wheel: not needed, and too big.
+rm -f "$dir"/opencv_python*.whl
 echo "gpu_wheels.sh: $(ls "$dir" | wc -l) files, $(du -sh "$dir" | cut -f1) in $dir (Python $version)"

@@ -9,14 +9,18 @@ idle moolib process no longer keeps a core busy, one makes the installed extensi
 torch of the venv it is installed in, one makes the broker end cleanly on SIGINT and SIGTERM,
 one builds without debug information, and one keeps an unreachable network from aborting the
 process), builds a wheel against the torch already
-installed in this interpreter, caches it, and pip-installs it.
+installed in this interpreter, caches it, and pip-installs it. Against torch >= 2.14, whose
+headers need C++20, it applies two more (cxx20_fixes); with CUDA, one more (cuda_fixes), and
+against a CUDA build of torch one more (cuda_torch_fixes); it finds the CUDA toolkit itself
+(find_toolkit: a system one, or NVIDIA's pip packages in this venv).
 
     python scripts/build_moolib.py            # build or reuse, then install
     USE_CUDA=1 python scripts/build_moolib.py # force the CUDA build (needs nvcc + CUDA torch)
     python scripts/build_moolib.py --rebuild  # ignore the cache
 
 The cache lives in $MOOLIB_WHEEL_CACHE (default ~/.cache/moolib-examples/wheels), one folder
-per (moolib version, Python version, torch version, CUDA on/off, fix revision).
+per (moolib version, Python version, torch version, CUDA off or torch's CUDA version, fix
+revisions).
 """
 
 import argparse
@@ -34,6 +38,13 @@ import time
 MOOLIB_VERSION = "0.0.9b0"
 # Bump whenever the fixes below change: it is part of the cache key.
 FIX_REVISION = 5
+# The fixes that only CUDA builds get, and those that only C++20 builds get, have revisions of
+# their own, which are in the keys of those builds only: changing them leaves CPU wheels for
+# torch 2.13 valid.
+CUDA_FIX_REVISION = 1
+CXX20_FIX_REVISION = 1
+# The first torch whose headers refuse anything older than C++20.
+CXX20_TORCH = (2, 14)
 PYBIND11_REQUIREMENT = "pybind11>=2.12,<3"
 MIN_CMAKE = (3, 12)
 
@@ -65,16 +76,98 @@ def torch_info():
     return torch.__version__, torch.version.cuda
 
 
+def needs_cxx20(torch_version):
+    match = re.match(r"(\d+)\.(\d+)", torch_version)
+    return bool(match) and tuple(int(x) for x in match.groups()) >= CXX20_TORCH
+
+
+def nvcc_facts(nvcc):
+    """(toolkit root, CUDA version "major.minor") of an nvcc, or None if it does not run.
+
+    The root comes from nvcc itself (its TOP): nvcc on PATH is often a wrapper script or a link
+    somewhere else, e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc."""
+    try:
+        version = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
+        dry = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    release = re.search(r"release (\d+\.\d+)", version)
+    top = re.search(r"^#\$ TOP=(.+)$", dry.stdout + dry.stderr, re.MULTILINE)
+    if not release:
+        return None
+    root = pathlib.Path(top.group(1).strip()).resolve() if top else None
+    if root is None or not (root / "include" / "cuda_runtime.h").is_file():
+        root = pathlib.Path(nvcc).resolve().parent.parent
+    return root, release.group(1)
+
+
+def toolkit_candidates():
+    """Where a CUDA toolkit may be, most explicit first: $CUDA_HOME (or $CUDA_PATH), nvcc on
+    PATH, then NVIDIA's pip packages installed in this interpreter (nvidia/cu13/bin/nvcc from
+    `pip install "cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]"`)."""
+    found = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            found.append(pathlib.Path(os.environ[var]) / "bin" / "nvcc")
+    if shutil.which("nvcc"):
+        found.append(pathlib.Path(shutil.which("nvcc")))
+    site = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia"
+    found += sorted(site.glob("cu*/bin/nvcc"), reverse=True)
+    return [nvcc for nvcc in dict.fromkeys(found) if nvcc.is_file()]
+
+
+def find_toolkit(torch_cuda):
+    """The (root, version) of the first toolkit whose CUDA major version is torch's, or None.
+
+    A toolkit of another major version would compile against one CUDA runtime while torch
+    loads another (libcudart.so.12 beside .13); torch's own extension builder refuses that too.
+    """
+    seen = []
+    for nvcc in toolkit_candidates():
+        facts = nvcc_facts(nvcc)
+        if facts is None:
+            continue
+        if facts[1].split(".")[0] == str(torch_cuda).split(".")[0]:
+            return facts
+        seen.append(f"CUDA {facts[1]} at {facts[0]}")
+    if seen:
+        raise BuildError(
+            f"torch is built with CUDA {torch_cuda} but the CUDA toolkits found are "
+            f"{', '.join(seen)}; install a CUDA {str(torch_cuda).split('.')[0]}.x toolkit "
+            "(or set CUDA_HOME to one)"
+        )
+    return None
+
+
 def want_cuda(torch_cuda):
+    """The toolkit to build with (root, version), or None for a CPU build."""
     requested = os.environ.get("USE_CUDA")
     if requested is not None and requested != "":
         on = requested.strip().upper() not in ("0", "OFF", "FALSE", "NO")
-        if on and not torch_cuda:
+        if not on:
+            return None
+        if not torch_cuda:
             raise BuildError("USE_CUDA is on but the installed torch is a CPU build")
-        if on and not shutil.which("nvcc"):
-            raise BuildError("USE_CUDA is on but nvcc is not on PATH (install the CUDA toolkit)")
-        return on
-    return bool(torch_cuda) and shutil.which("nvcc") is not None
+        toolkit = find_toolkit(torch_cuda)
+        if toolkit is None:
+            raise BuildError(
+                "USE_CUDA is on but nvcc is not on PATH (install the CUDA toolkit, or "
+                f'`pip install "cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]=={torch_cuda}.*"`)'
+            )
+        return toolkit
+    if not torch_cuda:
+        return None
+    try:
+        return find_toolkit(torch_cuda)
+    except BuildError as e:
+        # Not asked for: a CPU build then, but say why.
+        log(f"building without CUDA: {e}")
+        return None
 
 
 def check_prerequisites():
@@ -101,14 +194,17 @@ def check_prerequisites():
         )
 
 
-def cache_dir(torch_version, cuda):
+def cache_dir(torch_version, cuda, cuda_version=None):
     root = pathlib.Path(
         os.environ.get("MOOLIB_WHEEL_CACHE", pathlib.Path.home() / ".cache/moolib-examples/wheels")
     )
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    # torch's CUDA version too: PyPI's CUDA builds carry no "+cu130" in their version.
+    flavour = f"cuda{cuda_version or ''}-fix{CUDA_FIX_REVISION}" if cuda else "cpu"
+    cxx20 = f"_cxx20fix{CXX20_FIX_REVISION}" if needs_cxx20(torch_version) else ""
     key = (
         f"moolib-{MOOLIB_VERSION}_{py}_torch-{torch_version.replace('+', '-')}_"
-        f"{'cuda' if cuda else 'cpu'}_fix{FIX_REVISION}_{sysconfig.get_platform()}"
+        f"{flavour}_fix{FIX_REVISION}{cxx20}_{sysconfig.get_platform()}"
     )
     return root / key
 
@@ -121,7 +217,7 @@ def patch_file(path, old, new, why):
     log(f"patched {path.name}: {why}")
 
 
-def apply_fixes(src):
+def apply_fixes(src, cuda=False, cxx20=False, cuda_torch=False):
     # Fix 1 (cmake >= 4): the bundled libuv declares cmake_minimum_required < 3.5, which cmake 4
     # refuses. Nothing to edit: the build environment sets CMAKE_POLICY_VERSION_MINIMUM=3.5,
     # which cmake 4 honours and older cmake ignores.
@@ -195,6 +291,13 @@ def apply_fixes(src):
     broker_ends_on_signals(src)
     release_build(src)
     unreachable_network_is_an_error_not_an_abort(src)
+    # Only where needed, so that every other build compiles exactly as before.
+    if cxx20:
+        cxx20_fixes(src)
+    if cuda:
+        cuda_fixes(src)
+    if cuda_torch:
+        cuda_torch_fixes(src)
 
 
 def relative_runpath(src):
@@ -285,7 +388,109 @@ def unreachable_network_is_an_error_not_an_abort(src):
     )
 
 
-def build_wheel(workdir, cuda):
+def cxx20_fixes(src):
+    # Fix 9 (torch >= 2.14, whose headers #error below C++20): moolib's own code is compiled
+    # as C++20, and so is the bundled fmt, which follows it (fmt 8 supports C++20). tensorpipe
+    # keeps the C++17 it sets for itself: it includes no torch header.
+    patch_file(
+        src / "CMakeLists.txt",
+        "set(CMAKE_CXX_STANDARD 17)\n",
+        "set(CMAKE_CXX_STANDARD 20)\n",
+        "moolib's own code as C++20, as torch >= 2.14 requires",
+    )
+    # Fix 10 (C++20): Storage's pointer to the next free block shared an anonymous union with
+    # a std::atomic of it. C++20 gave std::atomic a non-trivial default constructor, which
+    # deletes the union's, and so Storage's, on GCC 12 ("use of deleted function
+    # Storage::Storage()"). Nothing reads the atomic member: the plain pointer alone has the
+    # same size and layout.
+    patch_file(
+        src / "src/function.h",
+        "  union {\n"
+        "    Storage* next = nullptr;\n"
+        "    std::atomic<Storage*> nextAtomic;\n"
+        "    static_assert(std::is_standard_layout_v<decltype(nextAtomic)>);\n"
+        "    static_assert(std::is_trivially_destructible_v<decltype(nextAtomic)>);\n"
+        "  };\n",
+        "  Storage* next = nullptr;\n",
+        "Storage without the unused atomic union member",
+    )
+
+
+def cuda_fixes(src):
+    # Fix 11 (CUDA builds): tensorpipe's cuda_ipc channel is not built. moolib never registers
+    # it (its registration in rpc.cc is commented out: it deadlocked), and it is the one part
+    # that needs nvml.h, which NVIDIA's pip packages and minimal toolkits do not have, and
+    # cudaDeviceProp::computeMode, which CUDA 13 removed. The channels moolib could use
+    # (cuda_basic, cuda_xth, cuda_gdr) are still built.
+    patch_file(
+        src / "CMakeLists.txt",
+        '  option(TP_USE_CUDA "" ON)\n',
+        '  option(TP_USE_CUDA "" ON)\n  option(TP_ENABLE_CUDA_IPC "" OFF)\n',
+        "no cuda_ipc channel (unused by moolib; needs nvml.h and pre-13 CUDA)",
+    )
+
+
+def cuda_torch_fixes(src):
+    # Fix 12 (a CUDA build of torch 2.13, with or without CUDA for moolib): torch's CUDA cmake
+    # files look for Python with only its interpreter. pybind11 then takes Python as found and
+    # skips its own search, which would have brought the Development part and
+    # python_add_library ("Unknown CMake command python_add_library"). Find this interpreter
+    # with that part first.
+    patch_file(
+        src / "CMakeLists.txt",
+        "set(CMAKE_PREFIX_PATH ${TorchPath})\nfind_package(Torch REQUIRED)\n",
+        'set(Python_EXECUTABLE "$ENV{MOOLIB_BUILD_PYTHON}")\n'
+        "find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)\n"
+        "set(CMAKE_PREFIX_PATH ${TorchPath})\nfind_package(Torch REQUIRED)\n",
+        "Python's Development part found before torch's CUDA cmake files look for Python",
+    )
+
+
+def link_dir_for(toolkit_root, workdir):
+    """A folder of unversioned links (libcudart.so -> libcudart.so.13, ...) for the libraries
+    that a toolkit from NVIDIA's pip packages ships only with their version suffix.
+
+    cmake's find_library looks for the unversioned name: FindCUDA for libcudart.so (torch's
+    cmake files turn the static runtime off), torch's for libnvrtc.so, which torch's CUDA
+    wheel brings (nvidia/cu13/lib/libnvrtc.so.13) but a toolkit may not."""
+    folder = workdir / "cuda-links"
+    folder.mkdir(exist_ok=True)
+    site = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia"
+    libdirs = [toolkit_root / "lib64", toolkit_root / "lib", *sorted(site.glob("*/lib"))]
+    for libdir in libdirs:
+        for lib in sorted(libdir.glob("lib*.so.*")) if libdir.is_dir() else []:
+            name = re.match(r"(lib[^.]+)\.so\.\d+$", lib.name)
+            if not name:
+                continue
+            unversioned = name.group(1) + ".so"
+            if not (libdir / unversioned).exists() and not (folder / unversioned).exists():
+                (folder / unversioned).symlink_to(lib.resolve())
+    return folder
+
+
+def cuda_env(toolkit, workdir):
+    """What cmake needs to find this toolkit, and nothing of another one on the machine."""
+    root, version = toolkit
+    env = {
+        # FindCUDA (tensorpipe's and torch's copy) reads CUDA_PATH; FindCUDAToolkit reads
+        # CUDAToolkit_ROOT; enable_language(CUDA) reads CUDACXX.
+        "CUDA_HOME": str(root),
+        "CUDA_PATH": str(root),
+        "CUDAToolkit_ROOT": str(root),
+        "CUDACXX": str(root / "bin" / "nvcc"),
+        "CMAKE_LIBRARY_PATH": os.pathsep.join(
+            filter(None, [str(link_dir_for(root, workdir)), os.environ.get("CMAKE_LIBRARY_PATH")])
+        ),
+    }
+    if not (root / "lib64").is_dir() and (root / "lib").is_dir():
+        # nvcc links from its lib64/ only; NVIDIA's pip packages have lib/ (seen first in
+        # cmake's check of the CUDA compiler: "cannot find -lcudart_static").
+        env["CUDAFLAGS"] = " ".join(filter(None, [os.environ.get("CUDAFLAGS"), f"-L{root}/lib"]))
+    log(f"CUDA {version} toolkit at {root}")
+    return env
+
+
+def build_wheel(workdir, cuda, cxx20=False, toolkit=None, cuda_torch=False):
     # Build requirements first: the sdist's metadata step below runs without build isolation.
     run([sys.executable, "-m", "pip", "install", "-q", PYBIND11_REQUIREMENT, "setuptools", "wheel"])
     sdist_dir = workdir / "sdist"
@@ -301,7 +506,7 @@ def build_wheel(workdir, cuda):
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(workdir, **kwargs)
     src = workdir / f"moolib-{MOOLIB_VERSION}"
-    apply_fixes(src)
+    apply_fixes(src, cuda=cuda, cxx20=cxx20, cuda_torch=cuda_torch)
 
     pybind11_dir = subprocess.run(
         [sys.executable, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True, check=True
@@ -321,6 +526,9 @@ def build_wheel(workdir, cuda):
         # moolib's CMakeLists finds torch by running `python`: make that this interpreter.
         PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     )
+    if toolkit is not None:
+        env.update(cuda_env(toolkit, workdir))
+        env["PATH"] = f"{toolkit[0] / 'bin'}{os.pathsep}{env['PATH']}"
     wheel_dir = workdir / "wheel"
     run(
         [
@@ -348,20 +556,28 @@ def main():
     args = parser.parse_args()
 
     torch_version, torch_cuda = torch_info()
-    cuda = want_cuda(torch_cuda)
-    target = cache_dir(torch_version, cuda)
+    toolkit = want_cuda(torch_cuda)
+    cuda = toolkit is not None
+    if torch_cuda and not cuda:
+        # A CUDA build of torch: its cmake files want a toolkit even for moolib without CUDA.
+        try:
+            toolkit = find_toolkit(torch_cuda)
+        except BuildError:
+            toolkit = None
+    cxx20 = needs_cxx20(torch_version)
+    target = cache_dir(torch_version, cuda, torch_cuda)
     cached = sorted(target.glob("moolib-*.whl")) if target.is_dir() else []
     if cached and not args.rebuild:
         log(f"using cached wheel {cached[0]}")
         wheel = cached[0]
     else:
         check_prerequisites()
-        cuda_text = "on" if cuda else "off"
+        cuda_text = f"on, CUDA {torch_cuda}" if cuda else "off"
         log(f"building moolib {MOOLIB_VERSION} (torch {torch_version}, CUDA {cuda_text}); "
             "this takes 3 to 5 minutes on 2 cores")  # fmt: skip
         start = time.time()
         with tempfile.TemporaryDirectory(prefix="moolib-build-") as tmp:
-            built = build_wheel(pathlib.Path(tmp), cuda)
+            built = build_wheel(pathlib.Path(tmp), cuda, cxx20, toolkit, bool(torch_cuda))
             target.mkdir(parents=True, exist_ok=True)
             # Copy then rename so that an interrupted build never leaves a half-written wheel
             # in the cache.
