@@ -4,6 +4,7 @@
     python -m bench --smoke    # every measurement with tiny sizes, about 2 minutes
     python -m bench --long     # quick mode, but the V-trace agent runs for 10 minutes
     python -m bench --only limits,agent --set num_actor_cpus=1 --env ALE/Breakout-v5
+    python -m bench --only netscaling  # as root: peers on emulated hosts (bench/netscaling.py)
 
 Writes bench/results.json and prints a table, plus a Markdown copy of it for the README. A part
 that fails is recorded under "errors" (exit status 1) and the others still run.
@@ -32,6 +33,8 @@ from examples.vtrace.models import ATARI_NETS, PRECISIONS
 
 RESULTS = REPO / "bench" / "results.json"
 PARTS = ["limits", "agent", "scaling", "a2c", "sb3"]
+# Run only when asked for, on its own: needs root, ~25 minutes, writes docs/scaling.md.
+NETSCALING = "netscaling"
 
 # One set of settings for the three V-trace measurements: preset=atari_cpu's, the README's 2-core
 # command line (examples/vtrace/preset/atari_cpu.yaml says why each). Small batches: on a CPU the
@@ -42,11 +45,17 @@ VTRACE_SETTINGS = {
     "actor_batch_size": 8,
     "num_actor_batches": 2,
     "num_actor_cpus": 2,
-    "batch_size": 4,
-    "unroll_length": 20,
+    "batch_size": 16,
+    "unroll_length": 64,
+    "learner_minibatches": 4,
+    "learner_passes": 4,
     "virtual_batch_size": 4,
+    "pg_clip": 0.1,
+    "vtrace_lambda": 0.95,
+    "normalize_advantages": True,
+    "grad_norm_clipping": 0.5,
     "torch_threads": 1,
-    "atari_net": "nature",
+    "atari_net": "nature_half",
     "precision": "fp32",
 }
 # Settings that are not whole numbers, with the values they take.
@@ -83,7 +92,9 @@ def parse_args(argv=None):
         help="override a V-trace setting, e.g. --set batch_size=16 (repeatable)",
     )
     p.add_argument(
-        "--only", default=",".join(PARTS), help=f"comma-separated subset of: {', '.join(PARTS)}"
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated subset of: {', '.join(PARTS)}; or {NETSCALING} alone",
     )
     p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results file")
     p.add_argument(
@@ -96,9 +107,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.mode = "smoke" if args.smoke else "long" if args.long else "quick"
     args.parts = [part.strip() for part in args.only.split(",") if part.strip()]
-    unknown = sorted(set(args.parts) - set(PARTS))
+    unknown = sorted(
+        set(args.parts) - set(PARTS) - ({NETSCALING} if args.parts == [NETSCALING] else set())
+    )
     if unknown:
-        p.error(f"--only: unknown parts {unknown}; choose from {PARTS}")
+        p.error(f"--only: unknown parts {unknown}; choose from {PARTS}, or {NETSCALING} alone")
     try:
         check_env_name(args.env)
     except ValueError as e:
@@ -108,17 +121,28 @@ def parse_args(argv=None):
     args.settings = dict(VTRACE_SETTINGS)
     for item in args.set:
         key, _, value = item.partition("=")
-        if key in CHOICES and value in CHOICES[key]:
-            args.settings[key] = value
-        elif key in VTRACE_SETTINGS and key not in CHOICES and value.isdigit():
-            args.settings[key] = int(value)
-        else:
+        parsed = setting_value(key, value)
+        if parsed is None:
             choices = ", ".join(f"{k}={'|'.join(v)}" for k, v in CHOICES.items())
             p.error(
-                f"--set {item!r}: expected KEY=N with KEY one of {list(VTRACE_SETTINGS)}, "
-                f"or {choices}"
+                f"--set {item!r}: expected KEY=VALUE with KEY one of {list(VTRACE_SETTINGS)} "
+                f"and VALUE of its default's type, or {choices}"
             )
+        args.settings[key] = parsed
     return args
+
+
+def setting_value(key, value):
+    """VALUE of --set KEY=VALUE as the type of KEY's default; None if it is not one."""
+    if key in CHOICES:
+        return value if value in CHOICES[key] else None
+    default = VTRACE_SETTINGS.get(key)
+    if isinstance(default, bool):
+        return {"true": True, "false": False}.get(value.lower())
+    try:
+        return type(default)(value) if isinstance(default, int | float) else None
+    except ValueError:
+        return None
 
 
 def combine_limits(before, after):
@@ -194,6 +218,12 @@ def run_parts(args, mode, results):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.parts == [NETSCALING]:
+        from bench import netscaling
+
+        command = "python -m bench --only netscaling" + (" --smoke" if args.smoke else "")
+        checks = ["--churn", "--real-check", *(["--smoke"] if args.smoke else [])]
+        return netscaling.main(checks, command=command)
     from bench.machine import describe_machine
 
     # Unwind on SIGTERM as on Ctrl-C, so that the peers and brokers started here are stopped.

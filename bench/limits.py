@@ -159,8 +159,9 @@ class LearnerBench:
         self.flags = flags
         self.model = build_model(flags, observation_space, num_actions, before, device)
         self.state = LearnerState(self.model, create_optimizer(flags, self.model))
-        self.group = AloneInGroup(self.model, flags.batch_size)
-        T, B = flags.unroll_length, flags.batch_size
+        # One optimizer step learns from one minibatch (the whole batch without minibatches).
+        T, B = flags.unroll_length, flags.batch_size // flags.learner_minibatches
+        self.group = AloneInGroup(self.model, B)
         self.samples = T * B
         batch = random_learner_batch(observation_space, num_actions, T, B)
         self.batch = {key: value.to(device) for key, value in batch.items()}
@@ -248,9 +249,14 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds):
         "before": ActingBench(flags, observation_space, num_actions, before=True),
     }
     acting_rates = alternate(acting, 3, seconds / 2)
+    # Every env step is learned from learner_passes times: the learner limits the agent to
+    # its samples per second over that many env steps per second.
+    passes = flags.learner_passes
     return {
-        "learner_limit_sps": rates["now"],
-        "learner_limit_before_sps": rates["before"],
+        "learner_limit_sps": rates["now"] / passes,
+        "learner_limit_before_sps": rates["before"] / passes,
+        "learner_samples_per_s": rates["now"],
+        "learner_passes": passes,
         "learner_gflop_per_sample": gflop,
         "learner_gflops": rates["now"] * gflop,
         "learner_before_gflops": rates["before"] * gflop,

@@ -17,7 +17,8 @@ def vtrace_rows(results):
     if "learner_limit_sps" in v:
         rows.append(
             (
-                f"V-trace {env}: learner limit (fwd+bwd+Adam on T*B samples), "
+                f"V-trace {env}: learner limit (fwd+bwd+Adam on T*B samples, over "
+                f"{v.get('learner_passes', 1)} passes), "
                 f"precision={v['precision']} / as before (fp32, NCHW)",
                 f"{v['learner_limit_sps']:.0f} / {v['learner_limit_before_sps']:.0f} SPS = "
                 f"{v['learner_limit_sps'] / v['learner_limit_before_sps']:.2f}x",
