@@ -248,6 +248,21 @@ def apply_fixes(src, cuda=False, cxx20=False, cuda_torch=False):
         "void-safe signature for RpcDeferredReturn",
     )
 
+    idle_polling_backs_off(src)
+    relative_runpath(src)
+    broker_ends_on_signals(src)
+    release_build(src)
+    unreachable_network_is_an_error_not_an_abort(src)
+    # Only where needed, so that every other build compiles exactly as before.
+    if cxx20:
+        cxx20_fixes(src)
+    if cuda:
+        cuda_fixes(src)
+    if cuda_torch:
+        cuda_torch_fixes(src)
+
+
+def idle_polling_backs_off(src):
     # Fix 4 (CPU use, not the build): tensorpipe's shared-memory reactor busy-polls forever, so
     # every moolib process, an idle broker included, keeps a core at up to 100%. On a small
     # machine that starves the environments and the learner. Keep spinning while there is
@@ -287,17 +302,6 @@ def apply_fixes(src, cuda=False, cxx20=False, cuda_torch=False):
         "idle poll counter",
     )
     patch_file(busy_loop, "#include <thread>", "#include <chrono>\n#include <thread>", "chrono")
-    relative_runpath(src)
-    broker_ends_on_signals(src)
-    release_build(src)
-    unreachable_network_is_an_error_not_an_abort(src)
-    # Only where needed, so that every other build compiles exactly as before.
-    if cxx20:
-        cxx20_fixes(src)
-    if cuda:
-        cuda_fixes(src)
-    if cuda_torch:
-        cuda_torch_fixes(src)
 
 
 def relative_runpath(src):

@@ -35,7 +35,7 @@ def minibatches(batch, count, generator):
     itself when count is 1. Unrolls stay whole: V-trace runs along each one's time axis."""
     if count == 1:
         return [batch]
-    size = next(iter(batch.values())).shape[1]
+    size = batch["action"].shape[1]
     order = torch.randperm(size, generator=generator)
     parts = []
     for indices in order.chunk(count):

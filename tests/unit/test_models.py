@@ -124,12 +124,15 @@ def test_atari_net_picks_the_atari_torso():
         create_model(atari, NUM_ACTIONS, atari_net="dqn")
 
 
-def test_nature_net_has_the_nature_dqn_layers():
-    model = NatureNet((4, 84, 84), NUM_ACTIONS)
+@pytest.mark.parametrize(
+    "net,channels,hidden", [(NatureNet, (32, 64, 64), 512), (HalfNatureNet, (16, 32, 32), 256)]
+)
+def test_nature_nets_have_the_nature_dqn_layers(net, channels, hidden):
+    model = net((4, 84, 84), NUM_ACTIONS)
     convs = [m for m in model.convs if isinstance(m, torch.nn.Conv2d)]
     shapes = [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs]
-    assert shapes == [(32, 8, 4), (64, 4, 2), (64, 3, 1)]
-    assert model.fc.in_features == 64 * 7 * 7 and model.fc.out_features == 512
+    assert shapes == [(channels[0], 8, 4), (channels[1], 4, 2), (channels[2], 3, 1)]
+    assert model.fc.in_features == channels[2] * 7 * 7 and model.fc.out_features == hidden
 
 
 @pytest.mark.parametrize("shape", [(3, 3, 3, 3), (84, 84, 4), (2, 2)])
@@ -287,11 +290,7 @@ def test_auto_precision_is_bf16_only_where_measured_faster():
     assert create_model(cartpole, NUM_ACTIONS, precision="auto").precision == "fp32"
 
 
-def test_half_nature_net_is_the_nature_net_at_half_width():
+def test_half_nature_net_has_under_a_third_of_the_parameters():
     model = HalfNatureNet((4, 84, 84), NUM_ACTIONS)
-    convs = [m for m in model.convs if isinstance(m, torch.nn.Conv2d)]
-    shapes = [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs]
-    assert shapes == [(16, 8, 4), (32, 4, 2), (32, 3, 1)]
-    assert model.fc.in_features == 32 * 7 * 7 and model.fc.out_features == 256
     full = sum(p.numel() for p in NatureNet((4, 84, 84), NUM_ACTIONS).parameters())
     assert sum(p.numel() for p in model.parameters()) < full / 3
