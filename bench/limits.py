@@ -24,7 +24,7 @@ from bench.machine import MATMUL_SIZE, measure_peak
 from examples.common.envs import EnvFactory
 from examples.vtrace.config import ExperimentConfig
 from examples.vtrace.loss import gradients
-from examples.vtrace.models import PRECISIONS, bf16_supported, create_model
+from examples.vtrace.models import PRECISIONS, bf16_supported, create_model, frames_for_encode
 from examples.vtrace.optimizer import create_optimizer, step_optimizer
 from examples.vtrace.state import LearnerState
 
@@ -164,7 +164,8 @@ class LearnerBench:
         self.group = AloneInGroup(self.model, B)
         self.samples = T * B
         batch = random_learner_batch(observation_space, num_actions, T, B)
-        self.batch = {key: value.to(device) for key, value in batch.items()}
+        batch = {key: value.to(device) for key, value in batch.items()}
+        self.batch = frames_for_encode(self.model, batch)  # as the learner stores them
         if flags.use_lstm:
             self.batch["core_state"] = self.model.initial_state(B)
 

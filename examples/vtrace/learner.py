@@ -12,6 +12,7 @@ import math
 import torch
 
 from examples.vtrace.loss import LOSS_NAMES, gradients
+from examples.vtrace.models import frames_for_encode
 
 # A peer whose own gradients are not finite this many batches in a row stops (exit status 1):
 # it has diverged, and its later batches would only be left out too.
@@ -42,11 +43,19 @@ def minibatches(batch, count, generator):
         part = {}
         for key, value in batch.items():
             if key == "core_state":
-                part[key] = tuple(v.index_select(1, indices.to(v.device)) for v in value)
+                part[key] = tuple(select_unrolls(v, indices) for v in value)
             else:
-                part[key] = value.index_select(1, indices.to(value.device))
+                part[key] = select_unrolls(value, indices)
         parts.append(part)
     return parts
+
+
+def select_unrolls(value, indices):
+    """value.index_select(1, indices) in value's own memory layout (index_select alone returns
+    a contiguous tensor): frames stored channels-last stay so (models.frames_for_encode)."""
+    physical = sorted(range(value.dim()), key=lambda dim: -value.stride(dim))
+    picked = value.permute(physical).index_select(physical.index(1), indices.to(value.device))
+    return picked.permute([physical.index(dim) for dim in range(value.dim())])
 
 
 class AsyncLearner:
@@ -164,7 +173,7 @@ class AsyncLearner:
             if self.passes_left == 0:
                 if not queue.ready():
                     return None
-                self.last_batch = queue.get()
+                self.last_batch = frames_for_encode(self.model, queue.get())
                 self.passes_left = self.flags.learner_passes
             self.passes_left -= 1
             self.pending = minibatches(

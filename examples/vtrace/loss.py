@@ -4,7 +4,7 @@ import torch
 
 from examples.common import vtrace
 
-LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss"]
+LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss", "clip_fraction"]
 
 
 def compute_loss(flags, model, batch):
@@ -51,8 +51,20 @@ def compute_loss(flags, model, batch):
     entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
     total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
     stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
-             "entropy_loss": entropy_loss.item()}  # fmt: skip
+             "entropy_loss": entropy_loss.item(),
+             "clip_fraction": clip_fraction(returns.log_rhos, flags.pg_clip, mask)}  # fmt: skip
     return total, stats
+
+
+def clip_fraction(log_rhos, clip, mask=None):
+    """The share of samples whose ratio pi/mu is outside [1 - clip, 1 + clip] (NaN without
+    pg_clip): those give no policy gradient. It grows with the policy's lag behind the learner."""
+    if not clip:
+        return float("nan")
+    outside = (log_rhos.detach().exp() - 1).abs() > clip
+    if mask is not None:
+        return outside[mask].float().mean().item()
+    return outside.float().mean().item()
 
 
 def normalized(advantages, mask=None):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from examples.vtrace.learner import AsyncLearner
+from examples.vtrace.learner import AsyncLearner, minibatches
 from examples.vtrace.optimizer import step_optimizer
 from examples.vtrace.state import LearnerState
 
@@ -83,12 +83,23 @@ def test_minibatches_cover_the_batch_once_per_pass_in_new_orders():
     learner.close()
     assert taken[-1] is None
     passes = [[unroll_ids(m) for m in taken[i : i + 4]] for i in range(0, 24, 4)]
-    for i, minibatches in enumerate(passes):
-        assert all(len(ids) == 2 for ids in minibatches)
+    for i, pass_ in enumerate(passes):
+        assert all(len(ids) == 2 for ids in pass_)
         first = 0 if i < 3 else 100
-        assert sorted(sum(minibatches, [])) == list(range(first, first + 8))
+        assert sorted(sum(pass_, [])) == list(range(first, first + 8))
     orders = [sum(p, []) for p in passes[:3]]
     assert len({tuple(order) for order in orders}) > 1  # reshuffled between passes
+
+
+def test_minibatches_keep_channels_last_frames_so():
+    frames = torch.arange(3 * 8 * 2 * 5 * 5, dtype=torch.float32).view(3, 8, 2, 5, 5)
+    stored = frames.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+    generator = torch.Generator().manual_seed(0)
+    for part in minibatches({"state": stored, "action": torch.zeros(3, 8)}, 4, generator):
+        picked = part["state"]
+        assert picked.flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+        ids = (picked[0, :, 0, 0, 0] // (2 * 5 * 5)).long()  # the unrolls it holds
+        assert torch.equal(picked, frames.index_select(1, ids))
 
 
 def test_minibatches_count_as_env_steps_once():

@@ -14,6 +14,7 @@ from examples.vtrace.models import (
     MLPNet,
     NatureNet,
     create_model,
+    frames_for_encode,
 )
 
 NUM_ACTIONS = 6
@@ -269,6 +270,23 @@ def test_channels_last_changes_layout_not_results(kind):
     assert torch.allclose(out_nhwc["baseline"], out_nchw["baseline"], atol=1e-5)
     # The weights keep their layout: the Accumulator and checkpoints see plain tensors.
     assert all(p.is_contiguous() for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["atari", "nature_half", "minatar", "mlp"])
+def test_learner_batches_keep_their_values_in_the_layout_encode_wants(kind):
+    model = make(kind, use_lstm=False)
+    obs, done = random_obs(kind, 3, 4), torch.zeros(3, 4, dtype=torch.bool)
+    batch = frames_for_encode(model, {"state": obs, "done": done})
+    assert torch.equal(batch["state"], obs) and batch["done"] is done
+    if kind in ("atari", "nature_half"):
+        # Stored as [T, B, H, W, C]: merging T and B gives channels-last frames, no copy.
+        assert batch["state"].flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+    else:
+        assert batch["state"] is obs  # nothing to do for the nets without a memory_format
+    out_stored, _ = run(model, batch["state"], done, ())
+    out_plain, _ = run(model, obs, done, ())
+    assert torch.allclose(out_stored["policy_logits"], out_plain["policy_logits"], atol=1e-5)
+    assert torch.allclose(out_stored["baseline"], out_plain["baseline"], atol=1e-5)
 
 
 def test_unknown_precision_is_refused():
