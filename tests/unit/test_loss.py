@@ -1,9 +1,13 @@
-"""normalize_advantages: the policy gradient's advantages at mean 0 and std 1 over a batch's
-real transitions, the filler steps of time-limit cuts left out and kept at 0."""
+"""The V-trace loss's parts: normalize_advantages (mean 0, std 1 over a batch's real transitions,
+the filler steps of time-limit cuts left out and kept at 0), the clipped surrogate and
+clip_fraction."""
 
+import math
+
+import pytest
 import torch
 
-from examples.vtrace.loss import normalized
+from examples.vtrace.loss import clip_fraction, normalized
 
 
 def test_advantages_are_scaled_over_the_real_transitions_only():
@@ -73,3 +77,11 @@ def test_pg_clip_loss_equals_the_policy_gradient_on_policy():
         grads.append(torch.autograd.grad(loss, list(model.parameters())))
     for with_clip, without in zip(*grads, strict=True):
         torch.testing.assert_close(with_clip, without)
+
+
+def test_clip_fraction_counts_the_ratios_outside_the_clip_range():
+    ratios = torch.tensor([[1.0, 1.05, 1.3], [0.7, 0.95, 1.0]])
+    assert clip_fraction(ratios.log(), 0.1) == pytest.approx(2 / 6)
+    mask = torch.tensor([[True, True, False], [True, True, True]])  # leaves out the 1.3
+    assert clip_fraction(ratios.log(), 0.1, mask) == pytest.approx(1 / 5)
+    assert math.isnan(clip_fraction(ratios.log(), 0.0))  # no clipped surrogate, nothing clipped
