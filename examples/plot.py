@@ -213,6 +213,14 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def legend_labels(paths):
+    """Each file's path without the folders all of them share (peer0/logs.tsv, peer1/logs.tsv
+    for savedir/peers/*/logs.tsv): what tells the curves apart, short enough for a legend."""
+    folders = [os.path.dirname(os.path.abspath(path)) for path in paths]
+    shared = os.path.commonpath(folders) if folders else ""
+    return {path: os.path.relpath(os.path.abspath(path), shared) for path in paths}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -223,6 +231,7 @@ def main(argv=None) -> int:
                 raise InputError(f"no column {key!r}; available: {', '.join(available)}")
 
         series = {}
+        labels = legend_labels(list(tables))
         for path, table in tables.items():
             missing = [key for key in (args.xkey, args.ykey) if key not in table]
             if missing:
@@ -235,7 +244,7 @@ def main(argv=None) -> int:
             if not keep.any():
                 warn(f"{path}: no finite {args.ykey} yet, nothing to plot")
                 continue
-            series[path] = (x[keep], y[keep])
+            series[labels[path]] = (x[keep], y[keep])
         if not series:
             print(f"plot.py: nothing to plot: no finite {args.ykey} in any file", file=sys.stderr)
             return 1

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 from helpers import REPO
 
-from examples.plot import main, read_table, render, rolling_mean
+from examples.plot import legend_labels, main, read_table, render, rolling_mean
 
 nan = np.nan
 
 
 def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return str(path)
 
@@ -167,3 +168,9 @@ def test_script_missing_file_no_traceback(tmp_path):
     assert result.returncode != 0
     assert "missing.tsv" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_legend_shows_what_tells_the_files_apart(tmp_path):
+    peers = [curve(tmp_path / "save" / "peers" / f"peer{i}" / "logs.tsv") for i in range(2)]
+    assert list(legend_labels(peers).values()) == ["peer0/logs.tsv", "peer1/logs.tsv"]
+    assert legend_labels([peers[0]]) == {peers[0]: "logs.tsv"}
