@@ -30,11 +30,8 @@ $(STAMP): setup.py scripts/build_moolib.py Makefile
 run: $(STAMP)
 	$(PY) examples/a2c.py
 
-# Two test files at a time (pytest-xdist; a file's tests stay together, so its fixtures are
-# made once): most tests wait on child processes, and the suite takes about half the time on 2
-# cores. The 15 slowest are listed at the end.
 test: $(STAMP)
-	$(PY) -m pytest tests -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest tests --durations=15
 
 # The unit tests and the quick end-to-end checks: no agent is trained for real.
 test-fast: $(STAMP)

@@ -38,7 +38,7 @@ setuptools.setup(
         "tensorboard>=2.14",  # tensorboard=true writes logs.tsv's scalars for TensorBoard too
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "pytest-xdist>=3.5", "ruff>=0.6"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6"],
         "bench": ["stable-baselines3>=2.3"],
     },
 )
