@@ -62,9 +62,7 @@ def clip_fraction(log_rhos, clip, mask=None):
     if not clip:
         return float("nan")
     outside = (log_rhos.detach().exp() - 1).abs() > clip
-    if mask is not None:
-        return outside[mask].float().mean().item()
-    return outside.float().mean().item()
+    return (outside if mask is None else outside[mask]).float().mean().item()
 
 
 def normalized(advantages, mask=None):
