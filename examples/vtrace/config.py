@@ -41,6 +41,9 @@ class OptimizerConfig:  # Adam
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-8
+    # The env step at which the rate's linear decay reaches 0; null: total_steps. A horizon past
+    # total_steps keeps the rate up to the end (CleanRL's Atari PPO decays over 10M agent steps).
+    decay_steps: int | None = None
 
 
 @dataclass
@@ -147,6 +150,11 @@ def check_flags(flags):
             value = OmegaConf.select(flags, key)
             if not value > 0:
                 raise ConfigError(f"{key} must be a positive {kind}, got {value}")
+    if flags.optimizer.decay_steps is not None and not flags.optimizer.decay_steps > 0:
+        raise ConfigError(
+            f"optimizer.decay_steps must be a positive integer or null (= total_steps), "
+            f"got {flags.optimizer.decay_steps}"
+        )
     if flags.num_actor_batches < 2:
         raise ConfigError("num_actor_batches must be at least 2 (one batch steps while we act)")
     envs = flags.actor_batch_size * flags.num_actor_batches

@@ -17,8 +17,10 @@ def create_optimizer(flags, model):
 
 
 def learning_rate(flags, env_train_steps):
-    """Linear warm-up over `warmup` steps, then linear decay to 0 at total_steps."""
-    scale = max(0.0, 1.0 - env_train_steps / flags.total_steps)
+    """Linear warm-up over `warmup` steps, then linear decay to 0 at optimizer.decay_steps
+    (total_steps when that is null)."""
+    decay_steps = flags.optimizer.decay_steps or flags.total_steps
+    scale = max(0.0, 1.0 - env_train_steps / decay_steps)
     if flags.warmup > 0:
         scale *= min(1.0, env_train_steps / flags.warmup)
     return flags.optimizer.learning_rate * scale
