@@ -19,7 +19,8 @@ FLAGS = SimpleNamespace(
     learner_passes=1, learner_minibatches=1, seed=0, unroll_length=20, batch_size=4,
     virtual_batch_size=4, total_steps=10**6,
     warmup=0, grad_norm_clipping=40.0,
-    optimizer=SimpleNamespace(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8),
+    optimizer=SimpleNamespace(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                              decay_steps=None),
 )  # fmt: skip
 
 
