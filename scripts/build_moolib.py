@@ -618,7 +618,7 @@ def main():
         check_prerequisites()
         cuda_text = f"on, CUDA {torch_cuda}" if cuda else "off"
         log(f"building moolib {MOOLIB_VERSION} (torch {torch_version}, CUDA {cuda_text}); "
-            "this takes 3 to 5 minutes on 2 cores")  # fmt: skip
+            "this takes 2 to 3 minutes on 2 cores")  # fmt: skip
         start = time.time()
         with tempfile.TemporaryDirectory(prefix="moolib-build-") as tmp:
             built = build_wheel(pathlib.Path(tmp), cuda, cxx20, toolkit, bool(torch_cuda))

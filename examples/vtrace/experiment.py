@@ -139,6 +139,26 @@ def act(actor, queue, log, group_stats):
         queue.put(unroll, actor.batch_size)
 
 
+def learn(flags, learner, accumulator, group, queue, state, log):
+    """Hand the learner thread's gradients to the group, step the optimizer once the group's sum
+    is in, and start the learner on its next minibatch, all in this turn of the loop when the
+    sum comes at once (a lone peer's takes two accumulator updates): a hand-over that waited
+    for the next turns, each with a step of acting, left the learner thread idle meanwhile.
+    Returns the optimizer step's numbers, or None when there was no step."""
+    alone = len(group.members()) == 1
+    log.count("dropped_batches", learner.update(accumulator, group.sync_id(), queue, alone=alone))
+    log.count("nonfinite_batches", learner.take_nonfinite_count())
+    for _ in range(2):
+        if accumulator.has_gradients():
+            break
+        accumulator.update()
+    if not accumulator.has_gradients():
+        return None
+    stats = step_optimizer(flags, state, accumulator)
+    log.count("dropped_batches", learner.update(accumulator, group.sync_id(), queue, alone=alone))
+    return stats
+
+
 def progress(state, accumulator, group, learner_stats):
     """The group's side of a log row; logs.py adds this peer's own numbers."""
     return {
@@ -252,15 +272,11 @@ def train(flags, device, preemption=None):
                 fatal = f"{e}; restart this peer to resume"
                 stop.append("an env worker died")
         try:
-            alone = len(group.members()) == 1
-            if learner.update(accumulator, group.sync_id(), queue, alone=alone):
-                log.count("dropped_batches")
-            log.count("nonfinite_batches", learner.take_nonfinite_count())
+            if stepped := learn(flags, learner, accumulator, group, queue, state, log):
+                optimizer_stats = stepped
         except NonFiniteGradients as e:
             fatal = str(e)
             stop.append("non-finite gradients")
-        if accumulator.has_gradients():
-            optimizer_stats = step_optimizer(flags, state, accumulator)
         group_stats.update(state.global_stats, now)
         if state.env_train_steps >= flags.total_steps:
             stop.append(f"total_steps={flags.total_steps} reached")
