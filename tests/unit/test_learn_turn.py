@@ -1,0 +1,104 @@
+"""experiment.learn: a lone peer's hand-over of gradients, its optimizer step and the start of
+the learner's next minibatch happen in one turn of the loop, with no turn of acting between."""
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from examples.vtrace.experiment import learn
+from examples.vtrace.learner import AsyncLearner
+from examples.vtrace.state import LearnerState
+
+FLAGS = SimpleNamespace(
+    learner_passes=1, learner_minibatches=1, seed=0, unroll_length=20, batch_size=1,
+    virtual_batch_size=1, total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
+    optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
+)  # fmt: skip
+
+
+class LonePeerAccumulator:
+    """As moolib's Accumulator of a group of one behaves (measured with moolib 0.0.9b0): after
+    reduce_gradients the sum is in at the second update(); zero_gradients ends the step."""
+
+    def __init__(self):
+        self.version, self.updates_left, self.ready, self.reduced = 0, None, False, 0
+
+    def wants_gradients(self):
+        return self.updates_left is None and not self.ready
+
+    def reduce_gradients(self, batch_size):
+        self.updates_left, self.reduced = 2, batch_size
+
+    def update(self):
+        if self.updates_left is not None:
+            self.updates_left -= 1
+            if self.updates_left == 0:
+                self.updates_left, self.ready = None, True
+
+    def has_gradients(self):
+        return self.ready
+
+    def get_gradient_stats(self):
+        return {"batch_size": self.reduced}
+
+    def zero_gradients(self):
+        self.ready = False
+        self.version += 1
+
+    def model_version(self):
+        return self.version
+
+    def skip_gradients(self):
+        raise AssertionError("a lone peer never skips")
+
+
+class Queue:
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def ready(self):
+        return bool(self.batches)
+
+    def get(self):
+        return self.batches.pop(0)
+
+
+class Counts:
+    def __init__(self):
+        self.counts = {}
+
+    def count(self, key, n=1):
+        self.counts[key] = self.counts.get(key, 0) + n
+
+
+def test_one_turn_hands_over_steps_and_starts_the_next_minibatch():
+    model = nn.Linear(2, 1)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    state = LearnerState(model, torch.optim.Adam(model.parameters()))
+    learner = AsyncLearner(FLAGS, model)
+    started = []
+
+    def start(batch, sync_id):  # no thread: a started batch's gradients are ready at once
+        started.append(batch)
+        learner.finished = batch, sync_id
+
+    learner.start = start
+    grads = [torch.ones(1, 2), torch.ones(1)]
+    queue, accumulator = Queue([grads, grads, grads]), LonePeerAccumulator()
+    group = SimpleNamespace(members=lambda: ["me"], sync_id=lambda: 0)
+    log = Counts()
+    before = model.weight.detach().clone()
+
+    # The first turn starts the learner; nothing to hand over yet.
+    assert learn(FLAGS, learner, accumulator, group, queue, state, log) is None
+    assert len(started) == 1
+    # The next: those gradients go to the group, its sum is in, the optimizer steps, and the
+    # learner is on its next minibatch, all before this turn ends.
+    stepped = learn(FLAGS, learner, accumulator, group, queue, state, log)
+    assert stepped is not None and stepped["virtual_batch_size"] == 1
+    assert accumulator.version == 1 and not torch.equal(model.weight, before)
+    assert len(started) == 2
+    assert log.counts.get("dropped_batches", 0) == 0
+    learner.close()
