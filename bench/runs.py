@@ -250,6 +250,8 @@ def num(value, digits=1):
 def per_seed_table(result):
     """One row per game, one column per seed: each run's return over the last 10% of steps."""
     seeds = sorted({int(seed) for row in result["games"].values() for seed in row["seeds"]})
+    if not seeds:  # no run has finished: no table rather than one without columns
+        return []
     lines = [
         "| game | " + " | ".join(f"seed {seed}" for seed in seeds) + " |",
         "| --- |" + " --- |" * len(seeds),

@@ -45,3 +45,12 @@ def test_seeds_on_the_command_line_apply_to_every_game(tmp_path):
     assert atari.main([*argv, "--workdir", str(workdir), "--out", str(out), "--report-only"]) == 0
     result = json.loads((out / "atari-results.json").read_text())
     assert result["games"]["Breakout"]["return_mean"] == 50.0
+
+
+def test_no_finished_run_gives_no_per_seed_table(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--games", "Pong", "--steps", "1000", "--workdir", str(tmp_path / "runs")]
+    assert atari.main([*argv, "--out", str(out), "--report-only"]) == 0
+    table = (out / "atari-results.md").read_text()
+    assert "| Pong | **—** ± — |" in table
+    assert "| game |  |" not in table and "| game | seed" not in table
