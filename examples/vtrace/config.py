@@ -78,6 +78,11 @@ class ExperimentConfig:
     # learner_minibatches of its unrolls in a random order (PPO's minibatches); virtual_batch_size
     # then counts minibatch unrolls.
     learner_minibatches: int = 1
+    # true: each minibatch is single steps drawn from the whole learner batch (PPO's way), with
+    # the V-trace targets and advantages computed once per batch, from the weights of its first
+    # minibatch; false: whole unrolls, their targets computed in every minibatch. Needs
+    # pg_clip > 0 and no LSTM.
+    minibatch_steps: bool = False
     total_steps: int = 50_000_000  # env steps trained on, over the whole group
 
     discounting: float = 0.99
@@ -180,6 +185,11 @@ def check_flags(flags):
         raise ConfigError(
             f"batch_size ({flags.batch_size}) must be a multiple of learner_minibatches "
             f"({flags.learner_minibatches}): every minibatch has the same number of unrolls"
+        )
+    if flags.minibatch_steps and (flags.use_lstm or not flags.pg_clip):
+        raise ConfigError(
+            "minibatch_steps=true needs pg_clip > 0 (PPO's surrogate, the ratio taken in each "
+            "minibatch) and use_lstm=false (single steps have no sequence for the LSTM)"
         )
     minibatch = flags.batch_size // flags.learner_minibatches
     if flags.virtual_batch_size < minibatch:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from examples.vtrace.loss import LOSS_NAMES, gradients
+from examples.vtrace.loss import LOSS_NAMES, gradients, step_targets
 from examples.vtrace.models import frames_for_encode
 
 # A peer whose own gradients are not finite this many batches in a row stops (exit status 1):
@@ -24,7 +24,10 @@ class NonFiniteGradients(RuntimeError):
 
 
 def checked_gradients(flags, model, batch):
-    """gradients(), and whether every one of them is finite (checked in the learner thread)."""
+    """gradients(), and whether every one of them is finite (checked in the learner thread).
+    `batch` may be a StepMinibatch, whose steps are picked here, in the learner thread."""
+    if isinstance(batch, StepMinibatch):
+        batch = batch.steps(flags, model)
     grads, losses = gradients(flags, model, batch)
     finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
     return grads, losses, finite
@@ -48,6 +51,42 @@ def minibatches(batch, count, generator):
                 part[key] = select_unrolls(value, indices)
         parts.append(part)
     return parts
+
+
+class StepMinibatches:
+    """A learner batch to be learned from in minibatches of single steps drawn from all of it
+    (minibatch_steps=true, PPO's minibatches), each pass in a new random order. The V-trace
+    targets of all its steps are computed once, by the learner thread, with the weights that
+    learn from its first minibatch (loss.step_targets)."""
+
+    def __init__(self, batch, generator):
+        self.batch, self.generator, self.targets = batch, generator, None
+        self.size = (batch["action"].shape[0] - 1) * batch["action"].shape[1]  # T x B steps
+
+    def one_pass(self, count):
+        order = torch.randperm(self.size, generator=self.generator)
+        return [StepMinibatch(self, indices) for indices in order.chunk(count)]
+
+
+class StepMinibatch:
+    """Some of a StepMinibatches' steps: the inputs of loss.step_loss, made when needed."""
+
+    def __init__(self, minibatches, indices):
+        self.minibatches, self.indices = minibatches, indices
+
+    def steps(self, flags, model):
+        """The steps as a [1, N, ...] batch with their targets; the batch's targets are
+        computed first if no minibatch of it has needed them yet."""
+        whole = self.minibatches
+        if whole.targets is None:
+            whole.targets = step_targets(flags, model, whole.batch)
+        steps = {key: whole.batch[key][:-1] for key in ("state", "done", "action", "policy_logits")}
+        steps.update(whole.targets)
+        # [T, B, ...] -> [1, T x B, ...] (a view, in the frames' own layout), then the picked.
+        return {
+            key: select_unrolls(value.flatten(0, 1).unsqueeze(0), self.indices)
+            for key, value in steps.items()
+        }
 
 
 def select_unrolls(value, indices):
@@ -174,11 +213,15 @@ class AsyncLearner:
                 if not queue.ready():
                     return None
                 self.last_batch = frames_for_encode(self.model, queue.get())
+                if self.flags.minibatch_steps:
+                    self.last_batch = StepMinibatches(self.last_batch, self.shuffle)
                 self.passes_left = self.flags.learner_passes
             self.passes_left -= 1
-            self.pending = minibatches(
-                self.last_batch, self.flags.learner_minibatches, self.shuffle
-            )
+            count = self.flags.learner_minibatches
+            if self.flags.minibatch_steps:
+                self.pending = self.last_batch.one_pass(count)
+            else:
+                self.pending = minibatches(self.last_batch, count, self.shuffle)
         return self.pending.pop()
 
     def close(self):

@@ -8,13 +8,39 @@ LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss", "clip_fraction"]
 
 
 def compute_loss(flags, model, batch):
-    """V-trace actor-critic loss on a learner batch of T+1 steps ([T+1, B, ...]).
+    """V-trace actor-critic loss on a learner batch of T+1 steps ([T+1, B, ...]), or, for a
+    minibatch of single steps that carries its targets (`vs`, see step_targets), PPO's loss on
+    those steps (step_loss).
 
     Step t holds observation t, whether it starts a new episode (done), the reward that led to
     it, the action taken from it and the acting policy's logits there.
     """
+    if "vs" in batch:
+        return step_loss(flags, model, batch)
     core_state = batch.get("core_state", ())
     outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
+    returns, mask = vtrace_returns(flags, batch, outputs)
+    logits = outputs["policy_logits"][:-1]
+    values = outputs["baseline"][:-1]
+    actions = batch["action"][:-1]
+    num_samples = actions.numel()
+    # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
+    # V-trace's advantages); without, V-trace's policy gradient, weighted by the clipped ratio.
+    advantages = returns.advantages if flags.pg_clip else returns.pg_advantages
+    if flags.normalize_advantages:
+        advantages = normalized(advantages, mask)
+    if flags.pg_clip:
+        pg_loss = vtrace.clipped_surrogate_loss(returns.log_rhos, advantages, flags.pg_clip, mask)
+    else:
+        pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages)
+    return total_loss(
+        flags, num_samples, pg_loss, returns.vs - values, logits, returns.log_rhos, mask
+    )
+
+
+def vtrace_returns(flags, batch, outputs):
+    """V-trace's targets and advantages for a batch of whole unrolls, from the model's outputs
+    on it; and the mask of its real transitions (None when it has no time-limit cuts)."""
     logits = outputs["policy_logits"][:-1]
     values = outputs["baseline"][:-1]
     rewards = batch["reward"][1:]
@@ -36,23 +62,49 @@ def compute_loss(flags, model, batch):
         mask=mask,
         lambda_=flags.vtrace_lambda,
     )
-    num_samples = actions.numel()
-    # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
-    # V-trace's advantages); without, V-trace's policy gradient, weighted by the clipped ratio.
-    advantages = returns.advantages if flags.pg_clip else returns.pg_advantages
+    return returns, mask
+
+
+@torch.no_grad()
+def step_targets(flags, model, batch):
+    """The V-trace targets (vs) and advantages of every step of a learner batch [T+1, B, ...],
+    from the model's current weights, and the mask of its real transitions: computed once per
+    batch for minibatch_steps (as PPO computes its returns once per rollout). [T, B] each."""
+    outputs, _ = model({"state": batch["state"], "done": batch["done"]})
+    returns, mask = vtrace_returns(flags, batch, outputs)
+    if mask is None:
+        mask = torch.ones_like(returns.vs, dtype=torch.bool)
+    return {"vs": returns.vs, "advantages": returns.advantages, "mask": mask}
+
+
+def step_loss(flags, model, steps):
+    """PPO's loss on a minibatch of single steps ([1, N, ...]: the acting policy's logits, the
+    action, and the targets from step_targets): the clipped surrogate on the advantages, the
+    value's squared error to vs, and the entropy bonus."""
+    outputs, _ = model({"state": steps["state"], "done": steps["done"]})
+    logits = outputs["policy_logits"]
+    log_rhos = vtrace.action_log_probs(logits, steps["action"]) - vtrace.action_log_probs(
+        steps["policy_logits"], steps["action"]
+    )
+    mask = steps["mask"]
+    advantages = steps["advantages"]
     if flags.normalize_advantages:
         advantages = normalized(advantages, mask)
-    if flags.pg_clip:
-        pg_loss = vtrace.clipped_surrogate_loss(returns.log_rhos, advantages, flags.pg_clip, mask)
-    else:
-        pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages)
+    pg_loss = vtrace.clipped_surrogate_loss(log_rhos, advantages, flags.pg_clip, mask)
+    errors = (steps["vs"] - outputs["baseline"]) * mask
+    return total_loss(flags, mask.numel(), pg_loss, errors, logits, log_rhos, mask)
+
+
+def total_loss(flags, num_samples, pg_loss, value_errors, logits, log_rhos, mask):
+    """The weighted sum of the policy, baseline and entropy terms, each a mean over the samples,
+    and the numbers for the log."""
     pg_loss = pg_loss / num_samples
-    baseline_loss = vtrace.baseline_loss(returns.vs - values) / num_samples
+    baseline_loss = vtrace.baseline_loss(value_errors) / num_samples
     entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
     total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
     stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
              "entropy_loss": entropy_loss.item(),
-             "clip_fraction": clip_fraction(returns.log_rhos, flags.pg_clip, mask)}  # fmt: skip
+             "clip_fraction": clip_fraction(log_rhos, flags.pg_clip, mask)}  # fmt: skip
     return total, stats
 
 

@@ -11,7 +11,8 @@ from examples.vtrace.learner import AsyncLearner
 from examples.vtrace.state import LearnerState
 
 FLAGS = SimpleNamespace(
-    learner_passes=1, learner_minibatches=1, seed=0, unroll_length=20, batch_size=1,
+    learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, unroll_length=20,
+    batch_size=1,
     virtual_batch_size=1, total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
     optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
 )  # fmt: skip

@@ -35,7 +35,7 @@ class Accumulator:
 
 def flags(passes, minibatches=1):
     return SimpleNamespace(
-        learner_passes=passes, learner_minibatches=minibatches, seed=0,
+        learner_passes=passes, learner_minibatches=minibatches, minibatch_steps=False, seed=0,
         unroll_length=20, batch_size=8, virtual_batch_size=8 // minibatches,
         total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
         optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),

@@ -16,7 +16,8 @@ from examples.vtrace.optimizer import create_optimizer, step_optimizer
 from examples.vtrace.state import LearnerState
 
 FLAGS = SimpleNamespace(
-    learner_passes=1, learner_minibatches=1, seed=0, unroll_length=20, batch_size=4,
+    learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, unroll_length=20,
+    batch_size=4,
     virtual_batch_size=4, total_steps=10**6,
     warmup=0, grad_norm_clipping=40.0,
     optimizer=SimpleNamespace(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
