@@ -99,3 +99,16 @@ def write_results_run(workdir, game, seed, returns, steps=1000, seconds_per_row=
     for i, value in enumerate(returns, start=1):
         lines.append(f"{i * steps // 10}\t1\t{value}\t{i * seconds_per_row}")
     (peer / "logs.tsv").write_text("\n".join(lines) + "\n")
+
+
+class Queue:
+    """The learner's queue as AsyncLearner sees it, holding the given batches in order."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def ready(self):
+        return bool(self.batches)
+
+    def get(self):
+        return self.batches.pop(0)

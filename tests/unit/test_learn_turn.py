@@ -4,6 +4,7 @@ the learner's next minibatch happen in one turn of the loop, with no turn of act
 from types import SimpleNamespace
 
 import torch
+from helpers import Queue
 from torch import nn
 
 from examples.vtrace.experiment import learn
@@ -52,17 +53,6 @@ class LonePeerAccumulator:
 
     def skip_gradients(self):
         raise AssertionError("a lone peer never skips")
-
-
-class Queue:
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def ready(self):
-        return bool(self.batches)
-
-    def get(self):
-        return self.batches.pop(0)
 
 
 class Counts:

@@ -4,22 +4,12 @@ counts as new env steps (the learning-rate schedule and total_steps are in env s
 from types import SimpleNamespace
 
 import torch
+from helpers import Queue
 from torch import nn
 
 from examples.vtrace.learner import AsyncLearner, minibatches
 from examples.vtrace.optimizer import step_optimizer
 from examples.vtrace.state import LearnerState
-
-
-class Queue:
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def ready(self):
-        return bool(self.batches)
-
-    def get(self):
-        return self.batches.pop(0)
 
 
 class Accumulator:
