@@ -19,7 +19,7 @@ most published curves use.
 import sys
 
 from bench import runs
-from bench.runs import num, per_seed_table
+from bench.runs import num, per_seed_table, sources_lines
 
 GAMES = ["Pong", "Breakout"]
 SEEDS = {"Pong": 2, "Breakout": 1}
@@ -73,7 +73,7 @@ def markdown(result):
             f"{num(row['wall_s_mean'] and row['wall_s_mean'] / 60)} min | "
             f"{num(row['sps_mean'], 0)} | {GOALS[game]} |"
         )
-    lines += ["", *per_seed_table(result), ""]
+    lines += ["", *per_seed_table(result), "", *sources_lines(result)]
     lines += [
         "Published at about the same budget:",
         "",

@@ -14,7 +14,7 @@ and gymnax's PPO; minatar-curves.png, one panel per game, one thin line per seed
 import sys
 
 from bench import runs
-from bench.runs import num, per_seed_table
+from bench.runs import num, per_seed_table, sources_lines
 
 GAMES = ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"]
 
@@ -51,7 +51,7 @@ def markdown(result):
             f"{num(published['gymnax_ppo'])} | {num(published['dqn'])} | "
             f"{against(row['return_mean'], published['ac_lambda'])} |"
         )
-    return "\n".join(lines + [""] + per_seed_table(result)) + "\n"
+    return "\n".join([*lines, "", *per_seed_table(result), "", *sources_lines(result)]) + "\n"
 
 
 def reference_lines(published):

@@ -215,7 +215,7 @@ def build_table(args, runs):
             continue
         games.setdefault(game, {})[seed] = summary
     result = {
-        "command": " ".join([f"python -m bench.{args.suite.name}", *sys.argv[1:]]),
+        "command": " ".join([f"python -m bench.{args.suite.name}", *args.argv]),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
@@ -237,10 +237,74 @@ def build_table(args, runs):
             "sps_mean": statistics.fmean(s["sps"] for s in seeds.values()) if seeds else None,
             "published": args.suite.published[game],
         }
-    result["run_commits"] = sorted(
-        {summary["commit"] or "unknown" for seeds in games.values() for summary in seeds.values()}
-    )
+    source = {key: result[key] for key in ("command", "date", "machine", "overrides")}
+    for row in result["games"].values():
+        row["source"] = source
+    result["run_commits"] = run_commits(result)
     return result
+
+
+def run_commits(result):
+    seeds = [summary for row in result["games"].values() for summary in row["seeds"].values()]
+    return sorted({summary["commit"] or "unknown" for summary in seeds})
+
+
+class KeepError(Exception):
+    """An earlier results file that cannot be merged with this one; the message says why."""
+
+
+def read_earlier(args):
+    """The earlier NAME-results.json of `--keep`, checked against this command's budget before
+    any run starts: rows of other budgets or settings would not be comparable."""
+    try:
+        earlier = json.loads(pathlib.Path(args.keep).read_text())
+    except (OSError, ValueError) as e:
+        raise KeepError(f"--keep {args.keep}: cannot read it as a results JSON ({e})") from None
+    ours = {"steps": args.steps, "peers": args.peers,
+            "overrides": [f"preset={args.suite.preset}", *args.set]}  # fmt: skip
+    for key, value in ours.items():
+        if not isinstance(earlier, dict) or earlier.get(key) != value:
+            found = earlier.get(key) if isinstance(earlier, dict) else None
+            raise KeepError(
+                f"--keep {args.keep}: its runs used {key} {found}, these use {value}: "
+                "the rows would not be comparable"
+            )
+    return earlier
+
+
+def keep_earlier(result, earlier, games):
+    """result, with the games of `earlier` (read_earlier) that have no finished run in it, as
+    they are there, with the command, date and machine they came from (row["source"]): one
+    table of games run at different times, each row saying where its numbers come from."""
+    source = {key: earlier.get(key) for key in ("command", "date", "machine", "overrides")}
+    merged = {}
+    for game in games:
+        row = result["games"].get(game)
+        kept = earlier.get("games", {}).get(game)
+        if (row is None or not row["seeds"]) and kept and kept.get("seeds"):
+            row = {**with_curves_nan(kept), "source": kept.get("source", source)}
+        if row is not None:
+            merged[game] = row
+    result["games"] = merged
+    result["run_commits"] = run_commits(result)
+    return result
+
+
+def sources_lines(result):
+    """Which command, on which machine and when, made each game's row, once per distinct one."""
+    lines = []
+    for game, row in result["games"].items():
+        source = row.get("source")
+        if not source or not row["seeds"]:
+            continue
+        commits = sorted({summary["commit"] or "unknown" for summary in row["seeds"].values()})
+        machine = source["machine"] or {}
+        lines.append(
+            f"- {game}: `{source['command']}`, {source['date']}, "
+            f"{machine.get('cpus', '?')} x {machine.get('cpu', 'unknown CPU')}, "
+            f"code at {', '.join(commits)}"
+        )
+    return ["Runs:", "", *lines, ""] if lines else []
 
 
 def num(value, digits=1):
@@ -340,6 +404,15 @@ def no_nan(value):
     return value
 
 
+def with_curves_nan(row):
+    """A game's row of a results JSON, the nulls of its curves NaN again (no_nan undone)."""
+    seeds = {}
+    for seed, summary in row["seeds"].items():
+        curve = [[x, math.nan if y is None else y] for x, y in summary["curve"]]
+        seeds[seed] = {**summary, "curve": curve}
+    return {**row, "seeds": seeds}
+
+
 def git_commit():
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
@@ -380,6 +453,9 @@ def parse_args(suite, argv):
                         help="where the .md, .json and .png go")  # fmt: skip
     parser.add_argument("--name", default=suite.name, help="file names: NAME-results.md, ...")
     parser.add_argument("--report-only", action="store_true", help="tables from --workdir only")
+    keep = ("an earlier NAME-results.json: its games without a finished run here stay in the "
+            "table as they are, with the command that made them")  # fmt: skip
+    parser.add_argument("--keep", type=pathlib.Path, metavar="RESULTS_JSON", help=keep)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.games) - set(suite.games))
     if unknown:
@@ -389,6 +465,7 @@ def parse_args(suite, argv):
         if value < 1:
             parser.error(f"{name} must be at least 1, got {value}")
     args.suite = suite
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     return args
 
 
@@ -403,12 +480,19 @@ def main(suite, argv=None):
         for game in args.games
         if seed < seeds[game]
     ]
+    try:
+        earlier = read_earlier(args) if args.keep else None
+    except KeepError as e:
+        print(f"python -m bench.{suite.name}: error: {e}", file=sys.stderr)
+        return 2
     if not args.report_only:
         # A SIGTERM would otherwise end this process at once and leave the runs' peers (in their
         # own sessions) training on: exit through run_all's `finally`, which stops them.
         signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
         run_all(args, runs)
     result = build_table(args, runs)
+    if earlier is not None:
+        result = keep_earlier(result, earlier, suite.games)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / args.name
     pathlib.Path(f"{stem}-results.json").write_text(json.dumps(no_nan(result), indent=1) + "\n")

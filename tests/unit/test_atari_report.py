@@ -54,3 +54,49 @@ def test_no_finished_run_gives_no_per_seed_table(tmp_path):
     table = (out / "atari-results.md").read_text()
     assert "| Pong | **—** ± — |" in table
     assert "| game |  |" not in table and "| game | seed" not in table
+
+
+def test_keep_puts_an_earlier_games_row_beside_a_new_one_each_with_its_command(tmp_path):
+    earlier_runs, out_earlier = tmp_path / "earlier", tmp_path / "out1"
+    write_run(earlier_runs, "Pong", 0, [-21.0] * 9 + [3.0])
+    write_run(earlier_runs, "Breakout", 0, [1.0] * 9 + [5.0])  # replaced by the new run
+    argv = ["--games", "Pong,Breakout", "--seeds", "1", "--steps", "1000", "--report-only"]
+    assert atari.main([*argv, "--workdir", str(earlier_runs), "--out", str(out_earlier)]) == 0
+    earlier = out_earlier / "atari-results.json"
+
+    new_runs, out = tmp_path / "new", tmp_path / "out2"
+    write_run(new_runs, "Breakout", 0, [1.0] * 9 + [55.0])
+    argv = ["--games", "Breakout", "--steps", "1000", "--report-only", "--keep", str(earlier)]
+    assert atari.main([*argv, "--workdir", str(new_runs), "--out", str(out)]) == 0
+
+    result = json.loads((out / "atari-results.json").read_text())
+    assert list(result["games"]) == ["Pong", "Breakout"]
+    assert result["games"]["Pong"]["return_mean"] == 3.0
+    assert result["games"]["Breakout"]["return_mean"] == 55.0
+    assert "--games Pong,Breakout" in result["games"]["Pong"]["source"]["command"]
+    assert "--keep" in result["games"]["Breakout"]["source"]["command"]
+    table = (out / "atari-results.md").read_text().splitlines()
+    runs = [line for line in table if line.startswith("- ")]
+    assert len(runs) == 2 and runs[0].startswith("- Pong: `python -m bench.atari --games Pong")
+    assert runs[1].startswith("- Breakout: `python -m bench.atari --games Breakout")
+
+
+def test_keep_refuses_an_earlier_table_of_another_budget_before_running(tmp_path, capsys):
+    earlier_runs, out_earlier = tmp_path / "earlier", tmp_path / "out1"
+    write_run(earlier_runs, "Pong", 0, [-21.0] * 9 + [3.0])
+    argv = ["--games", "Pong", "--seeds", "1", "--steps", "1000", "--report-only"]
+    assert atari.main([*argv, "--workdir", str(earlier_runs), "--out", str(out_earlier)]) == 0
+    earlier = str(out_earlier / "atari-results.json")
+
+    out = tmp_path / "out2"
+    # Not --report-only: the check comes before any run would start.
+    argv = ["--games", "Breakout", "--steps", "2000", "--keep", earlier, "--out", str(out)]
+    assert atari.main([*argv, "--workdir", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "steps 1000, these use 2000" in err[0]
+    argv = ["--games", "Breakout", "--steps", "1000", "--set", "seed=3", "--keep", earlier]
+    assert atari.main([*argv, "--workdir", str(tmp_path / "new"), "--out", str(out)]) == 2
+    assert "overrides" in capsys.readouterr().err
+    assert atari.main(["--keep", str(tmp_path / "missing.json"), "--report-only"]) == 2
+    assert "cannot read it" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "new").exists()
