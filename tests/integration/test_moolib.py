@@ -45,42 +45,50 @@ def test_broker_starts_and_listens(broker):
     assert "members: ['probe']" in result.stdout, result.stdout + result.stderr
 
 
-def test_envpool_steps_gymnasium_cartpole_through_the_adapter():
-    from examples.common.envs import EnvFactory
+# In a child process: EnvPool forks its workers, and a process that already runs threads (a
+# pytest-xdist worker's, an Rpc's) must not fork.
+ENVPOOL_CHECK = """
+import moolib, torch
+from examples.common.envs import EnvFactory
 
-    batch_size, num_batches = 3, 2
-    pool = moolib.EnvPool(
-        EnvFactory("CartPole-v1", seed=0),
-        num_processes=2,
-        batch_size=batch_size,
-        num_batches=num_batches,
+batch_size, num_batches = 3, 2
+pool = moolib.EnvPool(
+    EnvFactory("CartPole-v1", seed=0), num_processes=2, batch_size=batch_size,
+    num_batches=num_batches,
+)
+episodes_ended = torch.zeros(num_batches, batch_size)
+steps_since_reset = torch.zeros(num_batches, batch_size)
+longest = 0
+for step in range(300):
+    for batch_index in range(num_batches):
+        # Always pushing right ends CartPole episodes in ~10 steps.
+        out = pool.step(batch_index, torch.ones(batch_size, dtype=torch.int64)).result()
+        assert set(out) == {"state", "reward", "done"}, set(out)
+        assert out["state"].shape == (batch_size, 4) and out["state"].dtype == torch.float32
+        assert out["reward"].shape == (batch_size,)
+        assert out["done"].shape == (batch_size,) and out["done"].dtype == torch.bool
+        if step == 0:  # the first step of each env is its reset
+            assert not out["done"].any() and (out["reward"] == 0).all(), out
+        else:
+            assert (out["reward"] == 1).all(), out["reward"]
+        done = out["done"].float()
+        episodes_ended[batch_index] += done
+        steps_since_reset[batch_index] = (steps_since_reset[batch_index] + 1) * (1 - done)
+        longest = max(longest, steps_since_reset.max().item())
+        # After a reset the pole is near upright again: every env restarts.
+        assert (out["state"][out["done"]].abs() <= 0.05).all(), out["state"]
+print("fewest episodes", int(episodes_ended.min()), "longest", int(longest))
+"""
+
+
+def test_envpool_steps_gymnasium_cartpole_through_the_adapter():
+    result = subprocess.run(
+        [sys.executable, "-c", ENVPOOL_CHECK], capture_output=True, text=True, timeout=120, cwd=REPO
     )
-    episodes_ended = torch.zeros(num_batches, batch_size)
-    steps_since_reset = torch.zeros(num_batches, batch_size)
-    longest = 0
-    for step in range(300):
-        for batch_index in range(num_batches):
-            # Always pushing right ends CartPole episodes in ~10 steps.
-            out = pool.step(batch_index, torch.ones(batch_size, dtype=torch.int64)).result()
-            assert set(out) == {"state", "reward", "done"}
-            assert out["state"].shape == (batch_size, 4)
-            assert out["state"].dtype == torch.float32
-            assert out["reward"].shape == (batch_size,)
-            assert out["done"].shape == (batch_size,) and out["done"].dtype == torch.bool
-            if step == 0:
-                # The first step of each env is its reset.
-                assert not out["done"].any() and (out["reward"] == 0).all()
-            else:
-                assert (out["reward"] == 1).all()
-            done = out["done"].float()
-            episodes_ended[batch_index] += done
-            steps_since_reset[batch_index] = (steps_since_reset[batch_index] + 1) * (1 - done)
-            longest = max(longest, steps_since_reset.max().item())
-            # After a reset the pole is near upright again: every env restarts.
-            restarted = out["state"][out["done"]]
-            assert (restarted.abs() <= 0.05).all()
-    assert (episodes_ended >= 5).all(), episodes_ended
-    assert longest < 50
+    assert result.returncode == 0, result.stdout + result.stderr
+    words = result.stdout.split()
+    fewest, longest = int(words[words.index("episodes") + 1]), int(words[-1])
+    assert fewest >= 5 and longest < 50, result.stdout
 
 
 def _run_rejoin_scenario(children, broker, tmp_path, rounds):
