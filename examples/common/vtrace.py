@@ -140,15 +140,23 @@ def policy_gradient_loss(
 
 
 def clipped_surrogate_loss(
-    log_rhos: torch.Tensor, advantages: torch.Tensor, clip: float, mask: torch.Tensor | None = None
+    log_rhos: torch.Tensor,
+    advantages: torch.Tensor,
+    clip: float,
+    mask: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PPO's clipped surrogate (Schulman et al. 2017), negated and summed: with the ratio
     r = pi(a) / mu(a) = exp(log_rhos), -min(r * A, clamp(r, 1 - clip, 1 + clip) * A). Once the
     learner's policy has moved past the clip range on a sample, that sample gives no gradient:
-    several passes over one batch cannot push the policy far from the one that acted."""
+    several passes over one batch cannot push the policy far from the one that acted.
+    ``weights`` (constants) scale each sample's term: the decoupled objective's importance
+    weights when mu is not the policy that acted."""
     ratio = log_rhos.exp()
     advantages = advantages.detach()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    if weights is not None:
+        surrogate = surrogate * weights.detach()
     if mask is not None:
         surrogate = surrogate * mask
     return -surrogate.sum()

@@ -28,7 +28,7 @@ SHARED_SETTINGS = ["env", "atari_net", "use_lstm", "optimizer", "total_steps", "
                    "discounting", "baseline_cost", "entropy_cost", "normalize_advantages",
                    "pg_clip", "vtrace_lambda", "reward_clip", "grad_norm_clipping",
                    "unroll_length", "learner_passes", "learner_minibatches",
-                   "minibatch_steps", "virtual_batch_size"]  # fmt: skip
+                   "minibatch_steps", "decoupled_clip", "virtual_batch_size"]  # fmt: skip
 FINGERPRINT_RPC = "vtrace.fingerprint"
 ANSWER_TIMEOUT_S = 10  # a lobby member that does not answer by then is left out (it may be gone)
 LOBBY_UPDATE_S = 0.25  # the broker drops a member that has not pinged for a few seconds

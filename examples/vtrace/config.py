@@ -83,6 +83,13 @@ class ExperimentConfig:
     # minibatch; false: whole unrolls, their targets computed in every minibatch. Needs
     # pg_clip > 0 and no LSTM.
     minibatch_steps: bool = False
+    # true: PPO's ratio is taken against the policy at the start of learning each batch (the
+    # weights of its first minibatch) instead of the policy that acted, and each step's term is
+    # weighted by min(1, that policy's probability of the action / the acting policy's): the
+    # decoupled PPO objective (Hilton et al. 2021). Acting runs up to max_queued_batches batches
+    # ahead of learning, and the clip range is then centred on weights that many optimizer steps
+    # old. Needs minibatch_steps=true.
+    decoupled_clip: bool = False
     total_steps: int = 50_000_000  # env steps trained on, over the whole group
 
     discounting: float = 0.99
@@ -190,6 +197,11 @@ def check_flags(flags):
         raise ConfigError(
             "minibatch_steps=true needs pg_clip > 0 (PPO's surrogate, the ratio taken in each "
             "minibatch) and use_lstm=false (single steps have no sequence for the LSTM)"
+        )
+    if flags.decoupled_clip and not flags.minibatch_steps:
+        raise ConfigError(
+            "decoupled_clip=true needs minibatch_steps=true: the policy at the start of a batch "
+            "is read when the batch's targets are computed, once per batch"
         )
     minibatch = flags.batch_size // flags.learner_minibatches
     if flags.virtual_batch_size < minibatch:

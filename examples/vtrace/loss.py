@@ -74,23 +74,32 @@ def step_targets(flags, model, batch):
     returns, mask = vtrace_returns(flags, batch, outputs)
     if mask is None:
         mask = torch.ones_like(returns.vs, dtype=torch.bool)
-    return {"vs": returns.vs, "advantages": returns.advantages, "mask": mask}
+    # log pi(a) of the policy at the batch's start: decoupled_clip's centre for the ratio.
+    return {"vs": returns.vs, "advantages": returns.advantages, "mask": mask,
+            "start_log_probs": returns.target_action_log_probs}  # fmt: skip
 
 
 def step_loss(flags, model, steps):
     """PPO's loss on a minibatch of single steps ([1, N, ...]: the acting policy's logits, the
-    action, and the targets from step_targets): the clipped surrogate on the advantages, the
-    value's squared error to vs, and the entropy bonus."""
+    action, and the targets from step_targets): the clipped surrogate on the advantages (its
+    ratio to the acting policy, or with decoupled_clip to the batch's starting one), the value's
+    squared error to vs, and the entropy bonus."""
     outputs, _ = model({"state": steps["state"], "done": steps["done"]})
     logits = outputs["policy_logits"]
-    log_rhos = vtrace.action_log_probs(logits, steps["action"]) - vtrace.action_log_probs(
-        steps["policy_logits"], steps["action"]
-    )
+    log_probs = vtrace.action_log_probs(logits, steps["action"])
+    acting_log_probs = vtrace.action_log_probs(steps["policy_logits"], steps["action"])
     mask = steps["mask"]
     advantages = steps["advantages"]
     if flags.normalize_advantages:
         advantages = normalized(advantages, mask)
-    pg_loss = vtrace.clipped_surrogate_loss(log_rhos, advantages, flags.pg_clip, mask)
+    if flags.decoupled_clip:
+        # The ratio to the batch's starting policy, each step weighted by that policy's
+        # truncated importance weight over the acting one (as V-trace's rho-bar = 1).
+        log_rhos = log_probs - steps["start_log_probs"]
+        weights = (steps["start_log_probs"] - acting_log_probs).exp().clamp(max=1.0)
+    else:
+        log_rhos, weights = log_probs - acting_log_probs, None
+    pg_loss = vtrace.clipped_surrogate_loss(log_rhos, advantages, flags.pg_clip, mask, weights)
     errors = (steps["vs"] - outputs["baseline"]) * mask
     return total_loss(flags, mask.numel(), pg_loss, errors, logits, log_rhos, mask)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from examples.common import vtrace
 from examples.vtrace.config import ConfigError, ExperimentConfig, check_flags
 from examples.vtrace.learner import StepMinibatches
 from examples.vtrace.loss import compute_loss
@@ -18,8 +19,9 @@ from examples.vtrace.models import create_model, frames_for_encode
 
 FLAGS = SimpleNamespace(
     reward_clip=1.0, discounting=0.99, normalize_advantages=True, pg_clip=0.1,
-    vtrace_lambda=0.95, baseline_cost=0.5, entropy_cost=0.01,
+    vtrace_lambda=0.95, baseline_cost=0.5, entropy_cost=0.01, decoupled_clip=False,
 )  # fmt: skip
+DECOUPLED = SimpleNamespace(**{**vars(FLAGS), "decoupled_clip": True})
 
 
 def atari_batch(T=6, B=4, seed=0, truncated=True):
@@ -105,3 +107,71 @@ def test_minibatch_steps_needs_the_surrogate_and_no_lstm(overrides):
     with pytest.raises(ConfigError, match="minibatch_steps"):
         check_flags(flags)
     check_flags(OmegaConf.structured(ExperimentConfig(minibatch_steps=True, pg_clip=0.1)))
+
+
+def on_policy(net, batch):
+    """The batch as if the net's own policy had acted it."""
+    with torch.no_grad():
+        outputs, _ = net({"state": batch["state"], "done": batch["done"]})
+    return {**batch, "policy_logits": outputs["policy_logits"].clone()}
+
+
+def test_decoupled_clip_is_ppos_loss_when_the_policy_that_acted_is_the_batch_start():
+    net = model()
+    batch = on_policy(net, frames_for_encode(net, atari_batch()))
+    for flags in (FLAGS, DECOUPLED):
+        (minibatch,) = StepMinibatches(batch, torch.Generator().manual_seed(1)).one_pass(1)
+        steps = minibatch.steps(flags, net)
+        loss, stats = compute_loss(flags, net, steps)
+        if flags is FLAGS:
+            expected, expected_stats = loss, stats
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    assert stats == pytest.approx(expected_stats, rel=1e-5, abs=1e-7)
+
+
+def test_decoupled_clip_centres_the_ratio_on_the_batch_start_and_weights_by_the_lag():
+    net = model()
+    batch = frames_for_encode(net, atari_batch())  # acted by another policy: a lagging one
+    first, second = StepMinibatches(batch, torch.Generator().manual_seed(1)).one_pass(2)
+    steps = first.steps(DECOUPLED, net)
+    # On the weights that computed the targets the ratio is 1: nothing is clipped.
+    _, stats = compute_loss(DECOUPLED, net, steps)
+    assert stats["clip_fraction"] == 0.0
+    assert compute_loss(FLAGS, net, steps)[1]["clip_fraction"] > 0.2  # against the acting one
+    # The policy term's gradient is then -sum(min(1, pi/mu) * A * grad log pi) / N.
+    outputs, _ = net({"state": steps["state"], "done": steps["done"]})
+    log_probs = vtrace.action_log_probs(outputs["policy_logits"], steps["action"])
+    acting = vtrace.action_log_probs(steps["policy_logits"], steps["action"])
+    weights = (log_probs.detach() - acting).exp().clamp(max=1.0)
+    advantages = steps["advantages"]
+    real = advantages[steps["mask"]]
+    advantages = (advantages - real.mean()) / (real.std() + 1e-8) * steps["mask"]
+    expected = -(weights * advantages * log_probs).sum() / steps["mask"].numel()
+    pg_loss = (
+        vtrace.clipped_surrogate_loss(
+            log_probs - steps["start_log_probs"], advantages, 0.1, steps["mask"], weights
+        )
+        / steps["mask"].numel()
+    )
+    params = list(net.parameters())
+    got = torch.autograd.grad(pg_loss, params, allow_unused=True, retain_graph=True)
+    wanted = torch.autograd.grad(expected, params, allow_unused=True)
+    for a, b in zip(got, wanted, strict=True):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    # Later minibatches keep the start's log-probabilities, not the weights they learn on.
+    with torch.no_grad():
+        net.policy.weight.add_(torch.randn_like(net.policy.weight))
+    later = second.steps(DECOUPLED, net)
+    t, b = second.indices // 4, second.indices % 4
+    start = first.minibatches.targets["start_log_probs"]
+    torch.testing.assert_close(later["start_log_probs"][0], start[t, b])
+    assert compute_loss(DECOUPLED, net, later)[1]["clip_fraction"] > 0
+
+
+def test_decoupled_clip_needs_minibatch_steps():
+    flags = OmegaConf.structured(ExperimentConfig(decoupled_clip=True, pg_clip=0.1))
+    with pytest.raises(ConfigError, match="decoupled_clip=true needs minibatch_steps=true"):
+        check_flags(flags)
+    both = ExperimentConfig(decoupled_clip=True, minibatch_steps=True, pg_clip=0.1)
+    check_flags(OmegaConf.structured(both))
