@@ -7,6 +7,17 @@ import pytest
 from helpers import Child, free_port
 
 
+def pytest_configure(config):
+    # A SIGTERM (kill, a CI timeout) would end pytest on the spot, and the brokers and peers the
+    # running test started (each in its own session) would live on. As a KeyboardInterrupt it
+    # unwinds like Ctrl-C: the fixtures' teardown stops them.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture
 def children():
     """spawn(args, name) starts a child process; all are stopped at teardown, even on failure."""
