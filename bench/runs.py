@@ -291,7 +291,7 @@ def keep_earlier(result, earlier, games):
 
 
 def sources_lines(result):
-    """Which command, on which machine and when, made each game's row, once per distinct one."""
+    """For each game with runs: the command that made its row, when, on which machine."""
     lines = []
     for game, row in result["games"].items():
         source = row.get("source")
