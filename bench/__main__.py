@@ -39,8 +39,8 @@ NETSCALING = "netscaling"
 # One set of settings for the three V-trace measurements: preset=atari_cpu's, the README's 2-core
 # command line (examples/vtrace/preset/atari_cpu.yaml says why each). Small batches: on a CPU the
 # per-sample cost of a conv net grows with the batch (caches), and the agent acts and learns in
-# two threads. One torch thread: a second one only spins against the env processes. `--set`
-# tries others.
+# two threads. Two torch threads, as the preset: the learner bounds the agent, and its second
+# thread sleeps while idle (OMP_WAIT_POLICY, examples/vtrace/__init__.py). `--set` tries others.
 VTRACE_SETTINGS = {
     "actor_batch_size": 8,
     "num_actor_batches": 2,
@@ -54,7 +54,7 @@ VTRACE_SETTINGS = {
     "vtrace_lambda": 0.95,
     "normalize_advantages": True,
     "grad_norm_clipping": 0.5,
-    "torch_threads": 1,
+    "torch_threads": 2,
     "atari_net": "nature_half",
     "precision": "fp32",
 }
