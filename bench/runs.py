@@ -207,6 +207,11 @@ def spread(values):
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def overrides(args):
+    """The experiment settings every run of this command gets beyond its game and seed."""
+    return [f"preset={args.suite.preset}", *args.set]
+
+
 def build_table(args, runs):
     games = {}
     for game, seed, savedir in runs:
@@ -221,7 +226,7 @@ def build_table(args, runs):
         "machine": machine(),
         "steps": args.steps,
         "peers": args.peers,
-        "overrides": [f"preset={args.suite.preset}", *args.set],
+        "overrides": overrides(args),
         "games": {},
     }
     for game in args.games:
@@ -260,8 +265,7 @@ def read_earlier(args):
         earlier = json.loads(pathlib.Path(args.keep).read_text())
     except (OSError, ValueError) as e:
         raise KeepError(f"--keep {args.keep}: cannot read it as a results JSON ({e})") from None
-    ours = {"steps": args.steps, "peers": args.peers,
-            "overrides": [f"preset={args.suite.preset}", *args.set]}  # fmt: skip
+    ours = {"steps": args.steps, "peers": args.peers, "overrides": overrides(args)}
     for key, value in ours.items():
         if not isinstance(earlier, dict) or earlier.get(key) != value:
             found = earlier.get(key) if isinstance(earlier, dict) else None
