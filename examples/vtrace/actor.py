@@ -82,16 +82,27 @@ class Actor:
 class LearnerQueue:
     """Unrolls in, learner batches of batch_size unrolls out (a moolib.Batcher concatenating
     along B), holding at most max_queued_batches batches: acting waits when it is full, so the
-    policy that acted is never far behind the one that learns."""
+    policy that acted is never far behind the one that learns. With max_queued_batches=0 it
+    holds one batch, and acting also waits while the learner still learns from the one before
+    (PPO's alternation of acting and learning: see waits_for)."""
 
     def __init__(self, flags, device):
         self.batcher = moolib.Batcher(flags.batch_size, str(device), dim=1)
         self.batch_size = flags.batch_size
         self.queued = 0  # unrolls in the Batcher, not yet taken by the learner
-        self.limit = flags.max_queued_batches * flags.batch_size
+        self.limit = max(flags.max_queued_batches, 1) * flags.batch_size
+        self.alternate = flags.max_queued_batches == 0
 
     def full(self):
         return self.queued >= self.limit
+
+    def waits_for(self, learner):
+        """Whether acting waits for learning now: the queue is full, or (alternating) the
+        learner has a batch it has not finished. Each batch is then acted by the weights that
+        finished learning the one before (the last optimizer step may still be in the group's
+        reduction), as PPO's rollouts are, instead of by weights up to max_queued_batches
+        batches of optimizer steps older."""
+        return self.full() or (self.alternate and learner.has_batch())
 
     def put(self, unroll, count):
         self.batcher.cat(unroll)

@@ -72,7 +72,10 @@ class ExperimentConfig:
     batch_size: int = 32  # learner batch: B of [T, B, ...]
     unroll_length: int = 20  # learner T
     virtual_batch_size: int = 32  # least samples per optimizer step, summed over peers
-    max_queued_batches: int = 2  # learner batches acted ahead before acting waits for learning
+    # Learner batches acted ahead before acting waits for learning. 0: acting also waits while
+    # the learner learns, so each batch is acted by the weights that learned the one before
+    # (PPO's alternation; its optimizer steps then wait for acting in turn).
+    max_queued_batches: int = 2
     learner_passes: int = 1  # optimizer steps per learner batch (2: learn from every batch twice)
     # >1: every pass over a learner batch is that many optimizer steps, each on batch_size /
     # learner_minibatches of its unrolls in a random order (PPO's minibatches); virtual_batch_size
@@ -141,8 +144,8 @@ ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 CONFIG_DIR = pathlib.Path(__file__).parent
 
 POSITIVE_INTEGERS = ["actor_batch_size", "num_actor_batches", "num_actor_cpus", "batch_size",
-                     "unroll_length", "virtual_batch_size", "total_steps", "max_queued_batches",
-                     "learner_passes", "learner_minibatches", "env.num_action_repeats"]  # fmt: skip
+                     "unroll_length", "virtual_batch_size", "total_steps", "learner_passes",
+                     "learner_minibatches", "env.num_action_repeats"]  # fmt: skip
 POSITIVE_NUMBERS = ["log_interval", "checkpoint_interval", "checkpoint_history_interval",
                     "optimizer.learning_rate"]  # fmt: skip
 
@@ -162,6 +165,11 @@ def check_flags(flags):
             value = OmegaConf.select(flags, key)
             if not value > 0:
                 raise ConfigError(f"{key} must be a positive {kind}, got {value}")
+    if not flags.max_queued_batches >= 0:
+        raise ConfigError(
+            f"max_queued_batches must be 0 (acting waits while the learner learns) or more, "
+            f"got {flags.max_queued_batches}"
+        )
     if flags.optimizer.decay_steps is not None and not flags.optimizer.decay_steps > 0:
         raise ConfigError(
             f"optimizer.decay_steps must be a positive integer or null (= total_steps), "

@@ -264,7 +264,7 @@ def train(flags, device, preemption=None):
                 continue
         share_state(accumulator, state)
         # Act, unless learning lags behind by more than max_queued_batches batches.
-        if not queue.full() or now - last_act >= KEEP_ENVS_ALIVE_S:
+        if not queue.waits_for(learner) or now - last_act >= KEEP_ENVS_ALIVE_S:
             last_act = now
             try:
                 act(actor, queue, log, group_stats)
@@ -284,7 +284,7 @@ def train(flags, device, preemption=None):
             row = progress(state, accumulator, group, {**optimizer_stats, **learner.losses})
             log.write(now, {**row, "time": now - start}, leader=accumulator.get_leader())
         checkpoints.update(now, state, accumulator)
-        if queue.full():
+        if queue.waits_for(learner):
             time.sleep(0.001)  # waiting for the learner or for the group's gradients
 
     learner.close()

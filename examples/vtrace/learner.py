@@ -132,6 +132,11 @@ class AsyncLearner:
     def idle(self):
         return self.running is None and self.finished is None
 
+    def has_batch(self):
+        """Whether a learner batch is not yet finished: passes or minibatches of it still to
+        start, or gradients of it still to compute or to hand over."""
+        return bool(self.passes_left or self.pending) or not self.idle()
+
     def start(self, batch, sync_id):
         self.model_copy.load_state_dict(self.model.state_dict())
         future = self.thread.submit(checked_gradients, self.flags, self.model_copy, batch)

@@ -4,7 +4,7 @@ the learner's next minibatch happen in one turn of the loop, with no turn of act
 from types import SimpleNamespace
 
 import torch
-from helpers import Queue
+from helpers import LonePeerAccumulator, Queue
 from torch import nn
 
 from examples.vtrace.experiment import learn
@@ -17,42 +17,6 @@ FLAGS = SimpleNamespace(
     virtual_batch_size=1, total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
     optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
 )  # fmt: skip
-
-
-class LonePeerAccumulator:
-    """As moolib's Accumulator of a group of one behaves (measured with moolib 0.0.9b0): after
-    reduce_gradients the sum is in at the second update(); zero_gradients ends the step."""
-
-    def __init__(self):
-        self.version, self.updates_left, self.ready, self.reduced = 0, None, False, 0
-
-    def wants_gradients(self):
-        return self.updates_left is None and not self.ready
-
-    def reduce_gradients(self, batch_size):
-        self.updates_left, self.reduced = 2, batch_size
-
-    def update(self):
-        if self.updates_left is not None:
-            self.updates_left -= 1
-            if self.updates_left == 0:
-                self.updates_left, self.ready = None, True
-
-    def has_gradients(self):
-        return self.ready
-
-    def get_gradient_stats(self):
-        return {"batch_size": self.reduced}
-
-    def zero_gradients(self):
-        self.ready = False
-        self.version += 1
-
-    def model_version(self):
-        return self.version
-
-    def skip_gradients(self):
-        raise AssertionError("a lone peer never skips")
 
 
 class Counts:
