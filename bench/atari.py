@@ -33,10 +33,16 @@ MOOLIB = {"agent": "moolib IMPALA (2 x 128 envs, GPU)", "frames": "10M",
 CLEANRL = {"agent": "CleanRL PPO (ppo_atari.py, 8 envs)", "frames": "10M",
            "sticky": "0 (NoFrameskip-v4)",
            "source": "CleanRL's PPO Atari benchmark curves (docs.cleanrl.dev)"}  # fmt: skip
+# OpenAI baselines' ppo2, CleanRL's settings' origin, from openrlbenchmark's curves (x axis in
+# agent steps): read at 2.5M steps.
+BASELINES_PPO2 = {"agent": "OpenAI baselines ppo2 (8 envs)", "frames": "10M",
+                  "sticky": "0 (NoFrameskip-v4)",
+                  "source": "openrlbenchmark static/cleanrl_vs_baselines_atari.png"}  # fmt: skip
 PUBLISHED = {
     "Pong": [
         {**MOOLIB, "return": (-15, -5)},
         {**CLEANRL, "return": (15, 17)},
+        {**BASELINES_PPO2, "return": (13, 16)},
         {
             "agent": "RLlib APPO (32 workers x 8 envs, GPU)",
             "return": 18,
@@ -49,13 +55,15 @@ PUBLISHED = {
     "Breakout": [
         {**MOOLIB, "return": (45, 65)},
         {**CLEANRL, "return": (55, 65)},
+        {**BASELINES_PPO2, "return": (40, 55)},
     ],
 }
 GOALS = {"Pong": 18, "Breakout": 50}  # issue 18: what preset=atari_cpu should reach at 10M frames
 
 
 def published_return(value):
-    return f"{value[0]} to {value[1]}" if isinstance(value, tuple) else f"{value}"
+    """A published return: one number, or a (low, high) range (a list once read from JSON)."""
+    return f"{value[0]} to {value[1]}" if isinstance(value, (tuple, list)) else f"{value}"
 
 
 def markdown(result):

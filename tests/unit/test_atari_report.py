@@ -29,6 +29,7 @@ def test_report_only_writes_ours_beside_the_published_returns(tmp_path):
     published = [line for line in table if "CleanRL PPO" in line]
     assert len(published) == 2 and any("| 15 to 17 |" in line for line in published)
     assert any("RLlib APPO" in line and "| 18 |" in line for line in table)
+    assert any("baselines ppo2" in line and "| 13 to 16 |" in line for line in table)
 
     result = json.loads((out / "atari-results.json").read_text())
     assert sorted(result["games"]["Pong"]["seeds"]) == ["0", "1"]
@@ -79,6 +80,8 @@ def test_keep_puts_an_earlier_games_row_beside_a_new_one_each_with_its_command(t
     runs = [line for line in table if line.startswith("- ")]
     assert len(runs) == 2 and runs[0].startswith("- Pong: `python -m bench.atari --games Pong")
     assert runs[1].startswith("- Breakout: `python -m bench.atari --games Breakout")
+    # A kept game's published ranges come back from the JSON as lists: still "low to high".
+    assert any(line.startswith("| Pong | CleanRL PPO") and "| 15 to 17 |" in line for line in table)
 
 
 def test_keep_refuses_an_earlier_table_of_another_budget_before_running(tmp_path, capsys):
