@@ -80,7 +80,10 @@ def test_one_peer_learns_cartpole(children, broker, tmp_path):
 @pytest.mark.slow
 def test_two_peers_train_together(children, broker, tmp_path):
     savedir = tmp_path / "two"
-    total = 60000
+    # Long enough that a peer which starts seconds after the other (imports on a loaded 2-core
+    # machine) still trains beside it: with 60k steps the first was sometimes done before the
+    # second joined (1 run in 6 with a training run beside the tests).
+    total = 200_000
     peers = [
         children(
             experiment(
