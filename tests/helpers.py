@@ -148,3 +148,17 @@ class LonePeerAccumulator:
 
     def skip_gradients(self):
         raise AssertionError("a lone peer never skips")
+
+
+def linear_learner_state():
+    """A LearnerState of a tiny model (nn.Linear(2, 1)) with Adam, every .grad already there as
+    the Accumulator needs: for the learner and optimizer tests."""
+    import torch
+    from torch import nn
+
+    from examples.vtrace.state import LearnerState
+
+    model = nn.Linear(2, 1)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    return LearnerState(model, torch.optim.Adam(model.parameters()))

@@ -263,7 +263,8 @@ def train(flags, device, preemption=None):
             if now - last_act < KEEP_ENVS_ALIVE_S:
                 continue
         share_state(accumulator, state)
-        # Act, unless learning lags behind by more than max_queued_batches batches.
+        # Act, unless learning lags behind by more than max_queued_batches batches (with 0:
+        # unless the learner is still learning).
         if not queue.waits_for(learner) or now - last_act >= KEEP_ENVS_ALIVE_S:
             last_act = now
             try:

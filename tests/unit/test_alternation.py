@@ -6,13 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import LonePeerAccumulator
-from torch import nn
+from helpers import LonePeerAccumulator, linear_learner_state
 
 from examples.vtrace.actor import LearnerQueue
 from examples.vtrace.experiment import learn
 from examples.vtrace.learner import AsyncLearner
-from examples.vtrace.state import LearnerState
 
 PASSES, MINIBATCHES = 2, 2
 
@@ -34,10 +32,8 @@ def unroll():
 def a_turn_at_a_time(max_queued_batches):
     """The loop's learning side, one turn at a time after one learner batch was queued: whether
     acting waits after each turn, and the optimizer steps taken by then."""
-    model = nn.Linear(2, 1)
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
-    state = LearnerState(model, torch.optim.Adam(model.parameters()))
+    state = linear_learner_state()
+    model = state.model
     settings = flags(max_queued_batches)
     learner = AsyncLearner(settings, model)
 

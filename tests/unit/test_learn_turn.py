@@ -4,12 +4,10 @@ the learner's next minibatch happen in one turn of the loop, with no turn of act
 from types import SimpleNamespace
 
 import torch
-from helpers import LonePeerAccumulator, Queue
-from torch import nn
+from helpers import LonePeerAccumulator, Queue, linear_learner_state
 
 from examples.vtrace.experiment import learn
 from examples.vtrace.learner import AsyncLearner
-from examples.vtrace.state import LearnerState
 
 FLAGS = SimpleNamespace(
     learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, unroll_length=20,
@@ -28,10 +26,8 @@ class Counts:
 
 
 def test_one_turn_hands_over_steps_and_starts_the_next_minibatch():
-    model = nn.Linear(2, 1)
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
-    state = LearnerState(model, torch.optim.Adam(model.parameters()))
+    state = linear_learner_state()
+    model = state.model
     learner = AsyncLearner(FLAGS, model)
     started = []
 

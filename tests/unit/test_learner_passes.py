@@ -4,12 +4,11 @@ counts as new env steps (the learning-rate schedule and total_steps are in env s
 from types import SimpleNamespace
 
 import torch
-from helpers import Queue
+from helpers import Queue, linear_learner_state
 from torch import nn
 
 from examples.vtrace.learner import AsyncLearner, minibatches
 from examples.vtrace.optimizer import step_optimizer
-from examples.vtrace.state import LearnerState
 
 
 class Accumulator:
@@ -30,13 +29,6 @@ def flags(passes, minibatches=1):
         total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
         optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
     )  # fmt: skip
-
-
-def state():
-    model = nn.Linear(2, 1)
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
-    return LearnerState(model, torch.optim.Adam(model.parameters()))
 
 
 def test_each_batch_comes_back_for_every_pass():
@@ -93,7 +85,7 @@ def test_minibatches_keep_channels_last_frames_so():
 
 
 def test_minibatches_count_as_env_steps_once():
-    s = state()
+    s = linear_learner_state()
     for _ in range(3 * 4):  # one batch of 8 unrolls: 3 passes of 4 minibatches of 2
         step_optimizer(flags(3, minibatches=4), s, Accumulator(2))
     assert s.env_train_steps == 8 * 20
@@ -108,7 +100,7 @@ def test_one_pass_takes_a_new_batch_every_time():
 
 
 def test_env_steps_count_new_samples_only():
-    s = state()
+    s = linear_learner_state()
     for _ in range(4):  # two batches of 8 unrolls, two passes each
         step_optimizer(flags(2), s, Accumulator(8))
     assert s.env_train_steps == 2 * 8 * 20
@@ -116,13 +108,13 @@ def test_env_steps_count_new_samples_only():
 
 
 def test_one_pass_counts_as_before():
-    s = state()
+    s = linear_learner_state()
     step_optimizer(flags(1), s, Accumulator(8))
     assert s.env_train_steps == 8 * 20
 
 
 def test_checkpoint_from_before_learner_passes():
-    s = state()
+    s = linear_learner_state()
     saved = s.state_dict()
     del saved["learned_samples"]
     saved["env_train_steps"] = 1000
