@@ -245,6 +245,8 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds):
     if bf16_supported("cpu"):
         benches["matmul_bf16"] = MatmulBench(torch.bfloat16)
     rates = in_thread(alternate, benches, warmup_steps, seconds)
+    if flags.acting_threads > 0:
+        torch.set_num_threads(flags.acting_threads)  # as the agent's main thread acts
     acting = {
         "now": ActingBench(flags, observation_space, num_actions),
         "before": ActingBench(flags, observation_space, num_actions, before=True),

@@ -116,7 +116,11 @@ class ExperimentConfig:
     # sixth of the arithmetic, 5x the learner's samples/s on a CPU core) or nature_half (that
     # CNN at half its width: 2.4x nature's samples/s; preset=atari_cpu).
     atari_net: str = "resnet"
-    torch_threads: int = 1  # torch intra-op threads; 0 = torch's default (one per core)
+    torch_threads: int = 1  # the learner's torch intra-op threads; 0: torch's (one per core)
+    # Intra-op threads of acting's forward passes (the main thread); 0 = as torch_threads. With
+    # one, acting's small passes never wait at OpenMP's barrier for a thread whose core the
+    # learner or an env process holds (torch counts threads per thread).
+    acting_threads: int = 0
     # fp32, or bf16 (the torso under bf16 autocast; weights, optimizer and checkpoints stay
     # fp32); auto: bf16 for the Atari ResNet on a CPU with bf16 instructions, else fp32.
     precision: str = "auto"
@@ -165,6 +169,9 @@ def check_flags(flags):
             value = OmegaConf.select(flags, key)
             if not value > 0:
                 raise ConfigError(f"{key} must be a positive {kind}, got {value}")
+    for key in ("torch_threads", "acting_threads"):
+        if not flags[key] >= 0:
+            raise ConfigError(f"{key} must be 0 (torch's default) or more, got {flags[key]}")
     if not flags.max_queued_batches >= 0:
         raise ConfigError(
             f"max_queued_batches must be 0 (acting waits while the learner learns) or more, "

@@ -237,6 +237,9 @@ def train(flags, device, preemption=None):
     print(f"Peer {flags.local_name} of {where}")
     actor = Actor(flags, envs, model, device, workers)
     queue = LearnerQueue(flags, device)
+    learner = AsyncLearner(flags, model)
+    if flags.acting_threads > 0:
+        torch.set_num_threads(flags.acting_threads)  # this thread's: the learner's stays
     start = time.monotonic()
     log = ProgressLog(flags, start)
     stop = stop_on_signals()
@@ -245,7 +248,6 @@ def train(flags, device, preemption=None):
     rpc, lobby = enter_lobby(flags, model)
     wait_for_admission(flags, lobby, actor, queue, log, stop)
     group, accumulator = join_group(flags, rpc, model, resumed_version)
-    learner = AsyncLearner(flags, model)
     last_act = time.monotonic()
     group_stats = GroupStats(group, flags.log_interval)
     checkpoints = Checkpointer(flags, start)

@@ -111,7 +111,11 @@ class AsyncLearner:
         self.flags = flags
         self.model = model
         self.model_copy = copy.deepcopy(model)
-        self.thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
+        # torch's intra-op thread count is per thread: the learner's stays the one set now
+        # (torch_threads) when acting's is changed (acting_threads).
+        self.thread = concurrent.futures.ThreadPoolExecutor(
+            1, "learner", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+        )
         self.running = None  # (future of gradients(), the group's sync id when it started)
         self.finished = None  # (gradients, sync id) not yet handed to the Accumulator
         self.losses = dict.fromkeys(LOSS_NAMES, math.nan)

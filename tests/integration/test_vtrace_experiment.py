@@ -29,6 +29,7 @@ def peer_logs(savedir):
         (["virtual_batch_size=4", "batch_size=8"], "virtual_batch_size (4) is less than"),
         (["total_steps=0"], "total_steps must be a positive integer"),
         (["max_queued_batches=-1"], "max_queued_batches must be 0 (acting waits while the"),
+        (["acting_threads=-1"], "acting_threads must be 0 (torch's default) or more, got -1"),
         (["batch_size=ten"], "batch_size must be a positive integer, got 'ten'"),
         (["wandb=maybe"], "wandb must be true or false"),
         (["batchsize=8"], "batchsize=8: no such key"),

@@ -29,10 +29,11 @@ def test_one_turn_hands_over_steps_and_starts_the_next_minibatch():
     state = linear_learner_state()
     model = state.model
     learner = AsyncLearner(FLAGS, model)
-    started = []
+    started, weights_at_start = [], []
 
     def start(batch, sync_id):  # no thread: a started batch's gradients are ready at once
         started.append(batch)
+        weights_at_start.append(model.weight.detach().clone())
         learner.finished = batch, sync_id
 
     learner.start = start
@@ -51,5 +52,8 @@ def test_one_turn_hands_over_steps_and_starts_the_next_minibatch():
     assert stepped is not None and stepped["virtual_batch_size"] == 1
     assert accumulator.version == 1 and not torch.equal(model.weight, before)
     assert len(started) == 2
+    # ... on the weights this step made: PPO's minibatches each start where the last one left
+    # the model, none on the weights of the step before.
+    assert torch.equal(weights_at_start[1], model.weight)
     assert log.counts.get("dropped_batches", 0) == 0
     learner.close()
