@@ -288,7 +288,7 @@ def train(flags, device, preemption=None):
             log.write(now, {**row, "time": now - start}, leader=accumulator.get_leader())
         checkpoints.update(now, state, accumulator)
         if queue.waits_for(learner):
-            time.sleep(0.001)  # waiting for the learner or for the group's gradients
+            learner.wait(0.001)  # for the learner's gradients or for the group's
 
     learner.close()
     checkpoints.final(state, accumulator)

@@ -250,7 +250,9 @@ class MinAtarNet(ActorCriticBase):
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.permute(0, 3, 1, 2).float()
-        x = F.relu(self.conv(x))
+        # The conv answers channels-last input in channels-last; flatten needs NCHW order, and
+        # ReLU's backward between the two layouts took 1 ms of the learner's 12 per minibatch.
+        x = F.relu(self.conv(x).contiguous())
         return F.relu(self.fc(x.flatten(1)))
 
 

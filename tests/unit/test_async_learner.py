@@ -1,0 +1,90 @@
+"""AsyncLearner's thread: what weights it computes on, which gradients it calls finite, and how
+soon the main thread hears that it is done."""
+
+import math
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import examples.vtrace.learner as learner_module
+from examples.vtrace.learner import AsyncLearner, checked_gradients
+
+FLAGS = SimpleNamespace(
+    learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, batch_size=1,
+    virtual_batch_size=1,
+)  # fmt: skip
+
+
+class WithBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+        self.register_buffer("running", torch.zeros(2))
+
+
+def test_each_batch_starts_on_the_live_weights_and_buffers(monkeypatch):
+    model = WithBuffer()
+    learner = AsyncLearner(FLAGS, model)
+    seen = []
+
+    def record(flags, model_copy, batch):
+        seen.append({k: v.clone() for k, v in model_copy.state_dict().items()})
+        return [], {}, True
+
+    monkeypatch.setattr(learner_module, "checked_gradients", record)
+    for turn in range(3):
+        # As the optimizer and the Accumulator do: the live tensors change in place.
+        with torch.no_grad():
+            model.linear.weight.add_(1.0)
+            model.running.fill_(turn)
+        learner.start("batch", sync_id=0)
+        learner.running[0].result(timeout=10)
+        for key, value in model.state_dict().items():
+            assert torch.equal(seen[-1][key], value), key
+        learner.running = None
+    # The thread's model is its own: what it computes on never aliases the live weights.
+    assert learner.model_copy.linear.weight.data_ptr() != model.linear.weight.data_ptr()
+    learner.close()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_one_bad_element_in_any_tensor_makes_the_gradients_not_finite(monkeypatch, bad):
+    model = nn.Linear(3, 2)
+    for index in range(2):
+        grads = [torch.ones(2, 3), torch.ones(2)]
+        grads[index].view(-1)[1] = bad
+        monkeypatch.setattr(learner_module, "gradients", lambda *_, g=grads: (g, {}))
+        assert checked_gradients(FLAGS, model, "batch")[2] is False
+    monkeypatch.setattr(
+        learner_module, "gradients", lambda *_: ([torch.full((2, 3), 1e30), torch.ones(2)], {})
+    )
+    assert checked_gradients(FLAGS, model, "batch")[2] is True
+
+
+def test_wait_returns_when_the_running_batch_is_done(monkeypatch):
+    learner = AsyncLearner(FLAGS, nn.Linear(3, 2))
+    release = threading.Event()
+
+    def slow(*_):
+        release.wait(10)
+        return [], {}, True
+
+    monkeypatch.setattr(learner_module, "checked_gradients", slow)
+    learner.start("batch", sync_id=0)
+    started = time.monotonic()
+    learner.wait(0.05)  # still running: waits the whole timeout
+    assert time.monotonic() - started >= 0.04
+    threading.Timer(0.05, release.set).start()
+    started = time.monotonic()
+    learner.wait(10.0)  # wakes when the batch is done, not at the timeout
+    assert time.monotonic() - started < 5.0
+    assert learner.running[0].done()
+    learner.running = None
+    started = time.monotonic()
+    learner.wait(0.02)  # nothing running: a plain sleep
+    assert time.monotonic() - started >= 0.015
+    learner.close()
