@@ -22,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.machine import MATMUL_SIZE, measure_peak
 from examples.common.envs import EnvFactory
+from examples.vtrace.actor import use_acting_threads
 from examples.vtrace.config import ExperimentConfig
 from examples.vtrace.loss import gradients
 from examples.vtrace.models import PRECISIONS, bf16_supported, create_model, frames_for_encode
@@ -245,8 +246,7 @@ def measure_learner_limit(env_name, settings, warmup_steps, seconds):
     if bf16_supported("cpu"):
         benches["matmul_bf16"] = MatmulBench(torch.bfloat16)
     rates = in_thread(alternate, benches, warmup_steps, seconds)
-    if flags.acting_threads > 0:
-        torch.set_num_threads(flags.acting_threads)  # as the agent's main thread acts
+    use_acting_threads(flags)  # as the agent's main thread acts
     acting = {
         "now": ActingBench(flags, observation_space, num_actions),
         "before": ActingBench(flags, observation_space, num_actions, before=True),

@@ -7,6 +7,13 @@ import torch
 from examples.common.stats import Stats
 
 
+def use_acting_threads(flags):
+    """acting_threads for this thread's torch ops (the main thread's, which acts); torch counts
+    intra-op threads per thread, so a learner thread made earlier keeps its torch_threads."""
+    if flags.acting_threads > 0:
+        torch.set_num_threads(flags.acting_threads)
+
+
 class Actor:
     """Acts on one batch of envs per `step()` while the other batches step in the EnvPool's
     worker processes, and keeps, for every batch, its core state, its unroll so far, and the

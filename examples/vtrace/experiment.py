@@ -33,7 +33,7 @@ from examples.common.envs import EnvFactory
 from examples.common.stats import GroupStats
 from examples.common.workers import EnvWorkerDied, EnvWorkers, exit_now
 from examples.vtrace import cluster
-from examples.vtrace.actor import Actor, LearnerQueue
+from examples.vtrace.actor import Actor, LearnerQueue, use_acting_threads
 from examples.vtrace.admission import Lobby
 from examples.vtrace.checkpoints import Checkpointer, load_checkpoint
 from examples.vtrace.command_line import check_command_line
@@ -238,8 +238,7 @@ def train(flags, device, preemption=None):
     actor = Actor(flags, envs, model, device, workers)
     queue = LearnerQueue(flags, device)
     learner = AsyncLearner(flags, model)
-    if flags.acting_threads > 0:
-        torch.set_num_threads(flags.acting_threads)  # this thread's: the learner's stays
+    use_acting_threads(flags)
     start = time.monotonic()
     log = ProgressLog(flags, start)
     stop = stop_on_signals()
