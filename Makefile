@@ -49,8 +49,8 @@ bench: $(STAMP)
 	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) -e '.[test,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 
-# The MinAtar table and curves in docs/ (5 games x 3 seeds x 5M steps: about an hour on 2 idle
-# cores); finished runs in /tmp/bench-minatar are reused. Not part of CI.
+# The MinAtar table and curves in docs/ (5 games x 5 seeds x 5M steps: 25 runs of 13-25 minutes,
+# two at a time, on 2 cores); finished runs in /tmp/bench-minatar are reused. Not part of CI.
 results: $(STAMP)
 	$(PY) -m bench.minatar $(RESULTS_ARGS)
 

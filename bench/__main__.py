@@ -42,14 +42,17 @@ NETSCALING = "netscaling"
 # two threads. Two torch threads, as the preset: the learner bounds the agent, and its second
 # thread sleeps while idle (OMP_WAIT_POLICY, examples/vtrace/__init__.py). `--set` tries others.
 VTRACE_SETTINGS = {
-    "actor_batch_size": 8,
+    "actor_batch_size": 4,
     "num_actor_batches": 2,
     "num_actor_cpus": 2,
-    "batch_size": 16,
-    "unroll_length": 64,
+    "batch_size": 8,
+    "unroll_length": 128,
+    "max_queued_batches": 0,
     "learner_minibatches": 4,
     "learner_passes": 4,
-    "virtual_batch_size": 4,
+    "minibatch_steps": True,
+    "virtual_batch_size": 2,
+    "env.repeat_action_probability": 0.0,
     "pg_clip": 0.1,
     "vtrace_lambda": 0.95,
     "normalize_advantages": True,

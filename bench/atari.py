@@ -11,9 +11,9 @@ time and agent steps per second, and the returns others published at about the s
 frames; atari-curves.png, one panel per game, one thin line per seed and their mean.
 
 Steps are agent steps: each is 4 emulator frames (env.num_action_repeats), so the default
-2.5M steps are 10M frames. The envs are ALE's v5 defaults (sticky actions 0.25, each game's own
-action set), which makes the games somewhat harder than the deterministic NoFrameskip-v4 envs
-most published curves use.
+2.5M steps are 10M frames. The envs are ALE's v5 envs with each game's own action set and, as
+the preset sets, no sticky actions (`env.repeat_action_probability=0`, as the NoFrameskip-v4
+envs most published curves use; `--set env.repeat_action_probability=0.25` for v5's default).
 """
 
 import sys

@@ -90,11 +90,12 @@ def episode_mean(rows):
 
 def summarize_run(logs, total_steps):
     """One run (the logs of its peers): final return, wall time, SPS and its learning curve."""
-    rows = sorted((row for log in logs for row in read_log(log)), key=lambda r: r["time"])
+    per_peer = [read_log(log) for log in logs]
+    rows = [row for peer_rows in per_peer for row in peer_rows]
     if not rows:
         return None
     steps = max(row["step"] for row in rows)
-    wall = max(row["time"] for row in rows)
+    wall = max(running_time(peer_rows) for peer_rows in per_peer)
     last = [row for row in rows if row["step"] > steps - LAST_FRACTION * total_steps]
     curve, chunk = [], total_steps / 50
     for i in range(50):
@@ -110,6 +111,17 @@ def summarize_run(logs, total_steps):
         "sps": steps / wall if wall else math.nan,
         "curve": curve,
     }
+
+
+def running_time(rows):
+    """Seconds one peer's log spent training: the sum of its sittings' last `time`, which
+    starts again from 0 when a stopped run is resumed from its checkpoint."""
+    total = last = 0.0
+    for row in rows:
+        if row["time"] < last:
+            total += last
+        last = row["time"]
+    return total + last
 
 
 def run_logs(savedir):

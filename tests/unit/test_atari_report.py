@@ -5,7 +5,7 @@ import json
 
 from helpers import write_results_run
 
-from bench import atari
+from bench import atari, runs
 
 # A row every 6 s: the 10 rows of a run take a minute.
 write_run = functools.partial(write_results_run, seconds_per_row=6.0)
@@ -103,3 +103,17 @@ def test_keep_refuses_an_earlier_table_of_another_budget_before_running(tmp_path
     assert atari.main(["--keep", str(tmp_path / "missing.json"), "--report-only"]) == 2
     assert "cannot read it" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "new").exists()
+
+
+def test_a_resumed_runs_wall_time_is_the_sum_of_its_sittings(tmp_path):
+    # Stopped at 600 steps after 60 s and resumed from its checkpoint: the log's time starts
+    # again from 0 in the second sitting, which takes another 40 s.
+    write_run(tmp_path, "Pong", 0, [-21.0] * 10, seconds_per_row=10.0)
+    log = next(tmp_path.glob("*/peers/*/logs.tsv"))
+    header, *rows = log.read_text().splitlines()
+    resumed = [row.split("\t") for row in rows[6:]]
+    for i, fields in enumerate(resumed, start=1):
+        fields[3] = str(i * 10.0)
+    log.write_text("\n".join([header, *rows[:6], *("\t".join(f) for f in resumed)]) + "\n")
+    summary = runs.summarize_run([log], 1000)
+    assert summary["wall_s"] == 100.0 and summary["sps"] == 10.0

@@ -43,7 +43,9 @@ def test_every_preset_passes_the_flag_checks(preset):
 
 def test_atari_cpu_preset_keeps_atari():
     flags = config("preset=atari_cpu", "env.name=ALE/Breakout-v5")
-    assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 8
+    assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 4
+    # PPO's way of learning: acting waits for learning, minibatches of single steps.
+    assert flags.max_queued_batches == 0 and flags.minibatch_steps and flags.pg_clip == 0.1
 
 
 def test_the_loop_reads_a_plain_dataclass_with_the_same_settings():
