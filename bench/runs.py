@@ -288,17 +288,20 @@ def read_earlier(args):
     return earlier
 
 
-def keep_earlier(result, earlier, games):
+def keep_earlier(result, earlier, suite):
     """result, with the games of `earlier` (read_earlier) that have no finished run in it, as
     they are there, with the command, date and machine they came from (row["source"]): one
-    table of games run at different times, each row saying where its numbers come from."""
+    table of games run at different times, each row saying where its numbers come from. The
+    published returns beside a kept row are the suite's own, which may list more than the
+    earlier report did."""
     source = {key: earlier.get(key) for key in ("command", "date", "machine", "overrides")}
     merged = {}
-    for game in games:
+    for game in suite.games:
         row = result["games"].get(game)
         kept = earlier.get("games", {}).get(game)
         if (row is None or not row["seeds"]) and kept and kept.get("seeds"):
-            row = {**with_curves_nan(kept), "source": kept.get("source", source)}
+            row = {**with_curves_nan(kept), "source": kept.get("source", source),
+                   "published": suite.published[game]}  # fmt: skip
         if row is not None:
             merged[game] = row
     result["games"] = merged
@@ -508,7 +511,7 @@ def main(suite, argv=None):
         run_all(args, runs)
     result = build_table(args, runs)
     if earlier is not None:
-        result = keep_earlier(result, earlier, suite.games)
+        result = keep_earlier(result, earlier, suite)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / args.name
     pathlib.Path(f"{stem}-results.json").write_text(json.dumps(no_nan(result), indent=1) + "\n")
