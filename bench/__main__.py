@@ -53,6 +53,7 @@ VTRACE_SETTINGS = {
     "minibatch_steps": True,
     "virtual_batch_size": 2,
     "env.repeat_action_probability": 0.0,
+    "env.episodic_life": True,
     "pg_clip": 0.1,
     "vtrace_lambda": 0.95,
     "normalize_advantages": True,

@@ -37,14 +37,20 @@ class OldGymApi:
 
     With ``mark_truncation``, observations become ``{"state": obs, "truncated": flag}`` and an
     episode cut by a time limit ends in two steps (see ``truncation_step``), so that a learner can
-    bootstrap from the last observation instead of taking the cut for a real end.
+    bootstrap from the last observation instead of taking the cut for a real end. With
+    ``mark_life_loss`` too, they also carry ``"life_lost"``: whether a life of the game (Atari's
+    ``info["lives"]``) was lost on the step that led to them. The game goes on either way.
     """
 
-    def __init__(self, env, seed=None, mark_truncation=False):
+    def __init__(self, env, seed=None, mark_truncation=False, mark_life_loss=False):
+        if mark_life_loss and not mark_truncation:
+            raise ValueError("mark_life_loss needs mark_truncation (the observation's dict form)")
         _open_envs.add(self)
         self.env = env
         self.seed = seed
         self.mark_truncation = mark_truncation
+        self.mark_life_loss = mark_life_loss
+        self.lives = 0
         self.cut_obs = None  # last observation of a truncated episode, until its filler step
         self.action_space = env.action_space
         self.observation_space = env.observation_space
@@ -52,10 +58,11 @@ class OldGymApi:
     def reset(self):
         # Seed only the first reset: later resets continue the same random stream, so one seed
         # gives a reproducible sequence of episodes.
-        obs, _ = self.env.reset(seed=self.seed)
+        obs, info = self.env.reset(seed=self.seed)
         self.seed = None
         self.cut_obs = None
-        return self._observation(obs, truncated=False)
+        self.lives = info.get("lives", 0)
+        return self.observation(obs, truncated=False)
 
     def step(self, action):
         if not self.mark_truncation:
@@ -63,10 +70,16 @@ class OldGymApi:
             return _contiguous(obs), float(reward), bool(terminated or truncated), info
         return truncation_step(self, action)
 
-    def _observation(self, obs, truncated):
+    def observation(self, obs, truncated, life_lost=False):
         if not self.mark_truncation:
             return _contiguous(obs)
-        return marked_observation(obs, truncated)
+        return marked_observation(obs, truncated, life_lost if self.mark_life_loss else None)
+
+    def took_a_life(self, info):
+        """Whether the step that gave `info` lost a life (never for games without lives)."""
+        lives = info.get("lives", self.lives)
+        lost, self.lives = lives < self.lives, lives
+        return lost
 
     def close(self):
         if self.env is not None:
@@ -75,13 +88,18 @@ class OldGymApi:
 
 
 TRUNCATED_KEY = "truncated"
+LIFE_LOST_KEY = "life_lost"
 
 
-def marked_observation(obs, truncated):
-    """The observation as EnvPool hands it on when truncation is marked: ``state`` and a flag."""
+def marked_observation(obs, truncated, life_lost=None):
+    """The observation as EnvPool hands it on when truncation is marked: ``state`` and a flag,
+    and the life-loss flag unless it is None (not marked)."""
     if isinstance(obs, dict):
         raise TypeError("mark_truncation needs array observations, not a dict")
-    return {"state": _contiguous(obs), TRUNCATED_KEY: np.array(bool(truncated))}
+    marked = {"state": _contiguous(obs), TRUNCATED_KEY: np.array(bool(truncated))}
+    if life_lost is not None:
+        marked[LIFE_LOST_KEY] = np.array(bool(life_lost))
+    return marked
 
 
 def truncation_step(api, action):
@@ -101,12 +119,13 @@ def truncation_step(api, action):
     """
     if api.cut_obs is not None:
         obs, api.cut_obs = api.cut_obs, None
-        return marked_observation(obs, False), 0.0, True, {}
+        return api.observation(obs, False), 0.0, True, {}
     obs, reward, terminated, truncated, info = api.env.step(int(action))
+    life_lost = api.took_a_life(info)
     if truncated and not terminated:
         api.cut_obs = obs
-        return marked_observation(obs, True), float(reward), False, info
-    return marked_observation(obs, False), float(reward), bool(terminated), info
+        return api.observation(obs, True, life_lost), float(reward), False, info
+    return api.observation(obs, False, life_lost), float(reward), bool(terminated), info
 
 
 def _contiguous(obs):
@@ -179,14 +198,16 @@ class EnvFactory:
     EnvPool calls ``create_env()`` inside forked worker processes with no arguments. A counter in
     shared memory (inherited through the fork) numbers the instances, so instance i gets seed
     ``base_seed + i``. With one worker process the env-to-slot assignment, and hence the whole run,
-    is reproducible; with several, the set of seeds is. ``mark_truncation`` is OldGymApi's.
+    is reproducible; with several, the set of seeds is. ``mark_truncation`` and
+    ``mark_life_loss`` are OldGymApi's.
     """
 
-    def __init__(self, name, seed=0, mark_truncation=False, **env_kwargs):
+    def __init__(self, name, seed=0, mark_truncation=False, mark_life_loss=False, **env_kwargs):
         check_env_name(name)
         self.name = name
         self.seed = seed
         self.mark_truncation = mark_truncation
+        self.mark_life_loss = mark_life_loss
         self.env_kwargs = env_kwargs
         self.counter = multiprocessing.Value("l", 0)
 
@@ -196,7 +217,7 @@ class EnvFactory:
             self.counter.value += 1
         seed = self.seed + index
         env = make_env(self.name, seed=seed, **self.env_kwargs)
-        return OldGymApi(env, seed=seed, mark_truncation=self.mark_truncation)
+        return OldGymApi(env, seed, self.mark_truncation, self.mark_life_loss)
 
     def spaces(self):
         """(observation_space, action_space) of one env, built and closed in this process."""

@@ -33,6 +33,11 @@ class EnvConfig:
     # false: the game's own actions (6 for Pong), as ALE's v5 envs default to; true: all 18
     # joystick actions (this project's default before the key existed; checkpoints without it).
     full_action_space: bool = False
+    # true: the step that loses a life of the game (Atari's lives) ends the learner's returns
+    # there, as an episode's end does (the value of what follows is not added), while the game
+    # itself goes on and its return is counted whole: the learning side of the EpisodicLifeEnv
+    # of baselines' and CleanRL's Atari agents. Games without lives (Pong) are unchanged.
+    episodic_life: bool = False
 
 
 @dataclass

@@ -88,6 +88,7 @@ def create_envs(flags):
         # Time-limit cuts come as a flagged last observation and a filler step (see envs.py):
         # the learner bootstraps from the last observation's value instead of taking it as 0.
         mark_truncation=True,
+        mark_life_loss=flags.env.episodic_life,
     )
     observation_space, action_space = env_factory.spaces()
     if not hasattr(action_space, "n"):

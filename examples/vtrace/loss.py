@@ -46,7 +46,10 @@ def vtrace_returns(flags, batch, outputs):
     rewards = batch["reward"][1:]
     if flags.reward_clip:
         rewards = rewards.clamp(-flags.reward_clip, flags.reward_clip)
-    discounts = (~batch["done"][1:]).float() * flags.discounting
+    ends = batch["done"][1:]
+    if "life_lost" in batch:  # env.episodic_life: a lost life ends the returns as well
+        ends = ends | batch["life_lost"][1:]
+    discounts = (~ends).float() * flags.discounting
     actions = batch["action"][:-1]
     # The step that leaves the last observation of a time-limit cut is a filler
     # (envs.truncation_step): it bootstraps nothing and teaches nothing.

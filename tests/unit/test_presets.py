@@ -46,6 +46,8 @@ def test_atari_cpu_preset_keeps_atari():
     assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 4
     # PPO's way of learning: acting waits for learning, minibatches of single steps.
     assert flags.max_queued_batches == 0 and flags.minibatch_steps and flags.pg_clip == 0.1
+    # A lost life ends the learner's returns, as in the PPO runs its Breakout is compared with.
+    assert flags.env.episodic_life
 
 
 def test_the_loop_reads_a_plain_dataclass_with_the_same_settings():
