@@ -120,7 +120,13 @@ def build_model(flags, observation_space, num_actions, before=False, device="cpu
     """The experiment's model; `before`: as earlier versions ran it (fp32, NCHW activations)."""
     precision = "fp32" if before else flags.precision
     model = create_model(
-        observation_space, num_actions, flags.use_lstm, precision, device, flags.atari_net
+        observation_space,
+        num_actions,
+        flags.use_lstm,
+        precision,
+        device,
+        flags.atari_net,
+        flags.center_frames,
     )
     if before and hasattr(model, "memory_format"):
         model.memory_format = torch.contiguous_format

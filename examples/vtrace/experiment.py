@@ -217,8 +217,9 @@ def create_learner_state(flags, observation_space, action_space, device):
     """The model and its LearnerState, resumed from savedir/checkpoint.tar when there is one;
     returns (model, state, the checkpoint's model version or None)."""
     model = create_model(
-        observation_space, action_space.n, flags.use_lstm, flags.precision, device, flags.atari_net
-    ).to(device)
+        observation_space, action_space.n, flags.use_lstm, flags.precision, device,
+        flags.atari_net, flags.center_frames,
+    ).to(device)  # fmt: skip
     state = LearnerState(model, create_optimizer(flags, model))
     resumed_version = load_checkpoint(flags, state)
     if resumed_version is not None:

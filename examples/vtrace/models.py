@@ -173,8 +173,11 @@ class AtariNet(ActorCriticBase):
     # 1.8x the learner's samples/s of fp32 (with channels-last) on an AVX512-BF16 CPU.
     bf16_on_cpu = True
 
-    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
+    def __init__(
+        self, obs_shape, num_actions: int, use_lstm=False, precision="fp32", center_frames=False
+    ):
         super().__init__(256, num_actions, use_lstm, precision)
+        self.center_frames = center_frames
         channels = [obs_shape[0], 16, 32, 32]
         self.sections = nn.Sequential(
             *(conv_section(c_in, c_out) for c_in, c_out in pairwise(channels))
@@ -185,6 +188,8 @@ class AtariNet(ActorCriticBase):
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.contiguous(memory_format=self.memory_format).float() / 255.0
+        if self.center_frames:
+            x = x - x.mean(dim=(2, 3), keepdim=True)
         x = F.relu(self.sections(x))
         return F.relu(self.fc(x.flatten(1)))
 
@@ -202,8 +207,11 @@ class NatureNet(ActorCriticBase):
     channels = (32, 64, 64)
     hidden = 512
 
-    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
+    def __init__(
+        self, obs_shape, num_actions: int, use_lstm=False, precision="fp32", center_frames=False
+    ):
         super().__init__(self.hidden, num_actions, use_lstm, precision)
+        self.center_frames = center_frames
         c1, c2, c3 = self.channels
         self.convs = nn.Sequential(
             layer_init(nn.Conv2d(obs_shape[0], c1, kernel_size=8, stride=4)),
@@ -223,7 +231,16 @@ class NatureNet(ActorCriticBase):
         # the largest tensor (they took a tenth of the learner thread's time).
         x = obs.float().contiguous(memory_format=self.memory_format)
         first = self.convs[0]
-        x = F.conv2d(x, first.weight / 255.0, first.bias, first.stride)
+        weight = first.weight / 255.0
+        if self.center_frames:
+            # conv(x - mean) without a pass that writes x - mean: the first layer has no
+            # padding, so each output sees every weight once and the mean's share is
+            # mean . (the weights' sum per input channel).
+            means = x.mean(dim=(2, 3))
+            x = F.conv2d(x, weight, first.bias, first.stride)
+            x = x - (means @ weight.sum(dim=(2, 3)).T)[:, :, None, None]
+        else:
+            x = F.conv2d(x, weight, first.bias, first.stride)
         return F.relu(self.fc(self.convs[1:](x).flatten(1)))
 
 
@@ -314,10 +331,13 @@ def create_model(
     precision: str = "fp32",
     device="cpu",
     atari_net: str = "resnet",
+    center_frames: bool = False,
 ) -> ActorCriticBase:
     """Pick the torso that fits the observation space's shape; for Atari frames, `atari_net`
-    ("resnet", "nature" or "nature_half") names it. precision: "fp32", "bf16" or "auto" (see
-    resolve_precision; device only serves that choice: the model is made on the CPU)."""
+    ("resnet", "nature" or "nature_half") names it, and `center_frames` makes its first layer
+    see each frame minus the frame's mean (other nets ignore both). precision: "fp32", "bf16"
+    or "auto" (see resolve_precision; device only serves that choice: the model is made on the
+    CPU)."""
     if atari_net not in ATARI_NETS:
         raise ValueError(f"atari_net must be one of {', '.join(ATARI_NETS)}, got {atari_net!r}")
     shape = tuple(observation_space.shape)
@@ -334,4 +354,7 @@ def create_model(
             f"channels-first stacked frames [C, H, W] with H, W > {MINATAR_MAX_SIDE} (AtariNet "
             "or NatureNet)."
         )
-    return net(shape, num_actions, use_lstm, resolve_precision(precision, net, device))
+    precision = resolve_precision(precision, net, device)
+    if net in ATARI_NETS.values():
+        return net(shape, num_actions, use_lstm, precision, center_frames)
+    return net(shape, num_actions, use_lstm, precision)
