@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 from examples.common import checkpoint
 from examples.common.envs import make_env
-from examples.vtrace.config import ExperimentConfig
+from examples.vtrace.config import EvaluateConfig, ExperimentConfig
+from examples.vtrace.evaluate import load_model, trained_settings
 from examples.vtrace.models import create_model
 
 TABLE_ROW = re.compile(r"^\s*(\d+)\s+(-?\d+\.\d+)\s+(\d+)\s*$")
@@ -303,6 +304,24 @@ def test_trained_video_per_episode(trained_cartpole, tmp_path):
         assert path.stat().st_size > 0
         size, frames = video_size_and_frames(path)
         assert size == (600, 400) and frames == 101  # 100 steps and the final state
+
+
+@pytest.mark.parametrize("stored", [True, False, None])
+def test_center_frames_comes_from_the_checkpoint(tmp_path, stored):
+    env = make_env("ALE/Pong-v5")
+    model = create_model(env.observation_space, env.action_space.n, atari_net="nature_half")
+    flags = {**experiment_flags("ALE/Pong-v5", False, tmp_path), "atari_net": "nature_half"}
+    if stored is None:  # a checkpoint from before the key: frames were not centred
+        del flags["center_frames"]
+    else:
+        flags["center_frames"] = stored
+    data = {"model": model.state_dict(), "flags": flags}
+    settings = trained_settings(
+        data, tmp_path / "checkpoint.tar", OmegaConf.structured(EvaluateConfig)
+    )
+    loaded = load_model(data, tmp_path / "checkpoint.tar", env, settings, "cpu")
+    env.close()
+    assert loaded.center_frames is bool(stored)
 
 
 @pytest.mark.slow

@@ -136,6 +136,58 @@ def test_nature_nets_have_the_nature_dqn_layers(net, channels, hidden):
     assert model.fc.in_features == channels[2] * 7 * 7 and model.fc.out_features == hidden
 
 
+@pytest.mark.parametrize("atari_net", ["nature_half", "nature", "resnet"])
+def test_center_frames_is_the_net_on_each_frame_minus_its_mean(atari_net):
+    atari = box((4, 84, 84), np.uint8)
+    torch.manual_seed(0)
+    centered = create_model(atari, NUM_ACTIONS, atari_net=atari_net, center_frames=True)
+    plain = create_model(atari, NUM_ACTIONS, atari_net=atari_net)
+    plain.load_state_dict(centered.state_dict())  # the same weights: checkpoints fit both
+    frames = torch.randint(0, 200, (2, 3, 4, 84, 84), dtype=torch.uint8)
+    done = torch.zeros(2, 3, dtype=torch.bool)
+    out, _ = centered({"state": frames, "done": done})
+    as_float = frames.float()
+    by_hand = as_float - as_float.mean(dim=(3, 4), keepdim=True)
+    expected, _ = plain({"state": by_hand, "done": done})
+    torch.testing.assert_close(out["policy_logits"], expected["policy_logits"])
+    torch.testing.assert_close(out["baseline"], expected["baseline"])
+    # A brighter background changes nothing; without centring it does.
+    brighter, _ = centered({"state": frames + 50, "done": done})
+    torch.testing.assert_close(brighter["baseline"], out["baseline"], atol=1e-4, rtol=1e-4)
+    plain_out, _ = plain({"state": frames, "done": done})
+    plain_brighter, _ = plain({"state": frames + 50, "done": done})
+    assert not torch.allclose(plain_brighter["baseline"], plain_out["baseline"], atol=1e-4)
+
+
+def test_center_frames_leaves_other_nets_alone():
+    minatar = box((10, 10, 4), np.bool_)
+    assert type(create_model(minatar, NUM_ACTIONS, center_frames=True)) is MinAtarNet
+    cartpole = box((4,), np.float32)
+    assert type(create_model(cartpole, NUM_ACTIONS, center_frames=True)) is MLPNet
+
+
+def test_centered_first_layer_has_no_silent_channels_on_a_uniform_background():
+    # A fresh net's first layer on a frame of one grey with a few bright dots (Pong's court and
+    # ball): without centring, channels whose weights sum below zero never fire.
+    atari = box((4, 84, 84), np.uint8)
+    frames = torch.full((1, 16, 4, 84, 84), 87, dtype=torch.uint8)
+    for i in range(16):
+        frames[0, i, :, 4 + 5 * i : 6 + 5 * i, 10 + 4 * i : 12 + 4 * i] = 236
+    silent = {}
+    for center in (False, True):
+        torch.manual_seed(1)
+        net = create_model(atari, NUM_ACTIONS, atari_net="nature_half", center_frames=center)
+        first_layer = []  # the first ReLU's output: convs[1] is the ReLU after the first conv
+        net.convs[1].register_forward_hook(
+            lambda module, i, out, seen=first_layer: seen.append(out)
+        )
+        net({"state": frames, "done": torch.zeros(1, 16, dtype=torch.bool)})
+        fired = (first_layer[0] > 0).flatten(2).any(2).any(0)
+        silent[center] = int((~fired).sum())
+    assert silent[True] == 0
+    assert silent[False] > 0
+
+
 @pytest.mark.parametrize("shape", [(3, 3, 3, 3), (84, 84, 4), (2, 2)])
 def test_create_model_rejects_unknown_shape(shape):
     with pytest.raises(ValueError, match=re.escape(str(shape))):
