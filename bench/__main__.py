@@ -60,6 +60,8 @@ VTRACE_SETTINGS = {
     "grad_norm_clipping": 0.5,
     "torch_threads": 2,
     "atari_net": "nature_half",
+    "center_frames": True,
+    "entropy_cost": 0.02,
     "precision": "fp32",
 }
 # Settings that are not whole numbers, with the values they take.

@@ -26,3 +26,19 @@ def test_a_value_of_the_wrong_type_is_one_line_and_exit_2(item, capsys):
         parse_args(["--only", "limits", "--set", item])
     assert exit_info.value.code == 2
     assert f"--set {item!r}" in capsys.readouterr().err
+
+
+def test_the_bench_measures_the_atari_cpu_preset():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from examples.vtrace.config import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        preset = compose(config_name="config", overrides=["preset=atari_cpu"])
+    differ = {
+        key: (value, OmegaConf.select(preset, key))
+        for key, value in VTRACE_SETTINGS.items()
+        if OmegaConf.select(preset, key) != value
+    }
+    assert differ == {}
