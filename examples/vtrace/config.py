@@ -122,9 +122,9 @@ class ExperimentConfig:
     # CNN at half its width: 2.4x nature's samples/s; preset=atari_cpu).
     atari_net: str = "resnet"
     # true: the Atari net's first layer sees each frame minus that frame's mean brightness.
-    # Behind Pong's uniform background half the first layer's channels of a fresh net sum to
-    # a negative response and never fire again (the units that die are those); centred, none
-    # start that way (docs/atari.md). Checkpoints store it; other envs ignore it.
+    # Behind Pong's uniform background a first-layer channel whose weights sum below zero never
+    # fires, so never learns (11-13 of 16 in the half-width net's Pong runs); centred, every
+    # channel can (docs/atari.md). Checkpoints store it; other envs ignore it.
     center_frames: bool = False
     torch_threads: int = 1  # the learner's torch intra-op threads; 0: torch's (one per core)
     # Intra-op threads of acting's forward passes (the main thread); 0 = as torch_threads. With
