@@ -25,7 +25,13 @@ from examples.common.envs import EnvFactory
 from examples.vtrace.actor import use_acting_threads
 from examples.vtrace.config import ExperimentConfig
 from examples.vtrace.loss import gradients
-from examples.vtrace.models import PRECISIONS, bf16_supported, create_model, frames_for_encode
+from examples.vtrace.models import (
+    PRECISIONS,
+    architecture,
+    bf16_supported,
+    create_model,
+    frames_for_encode,
+)
 from examples.vtrace.optimizer import create_optimizer, step_optimizer
 from examples.vtrace.state import LearnerState
 
@@ -120,13 +126,7 @@ def build_model(flags, observation_space, num_actions, before=False, device="cpu
     """The experiment's model; `before`: as earlier versions ran it (fp32, NCHW activations)."""
     precision = "fp32" if before else flags.precision
     model = create_model(
-        observation_space,
-        num_actions,
-        flags.use_lstm,
-        precision,
-        device,
-        flags.atari_net,
-        flags.center_frames,
+        observation_space, num_actions, precision=precision, device=device, **architecture(flags)
     )
     if before and hasattr(model, "memory_format"):
         model.memory_format = torch.contiguous_format

@@ -126,6 +126,10 @@ class ExperimentConfig:
     # fires, so never learns (11-13 of 16 in the half-width net's Pong runs); centred, every
     # channel can (docs/atari.md). Checkpoints store it; other envs ignore it.
     center_frames: bool = False
+    # true: the MinAtar net's hidden layer is layer-normalised before its ReLU, so a unit that
+    # sits below zero on every frame still learns (without it, such a unit gets no gradient;
+    # docs/results.md). Checkpoints store it; other envs' nets ignore it.
+    layer_norm: bool = False
     torch_threads: int = 1  # the learner's torch intra-op threads; 0: torch's (one per core)
     # Intra-op threads of acting's forward passes (the main thread); 0 = as torch_threads. With
     # one, acting's small passes never wait at OpenMP's barrier for a thread whose core the

@@ -6,8 +6,9 @@
 
 No broker and no EnvPool: one plain gymnasium env in this process, one episode after another.
 The env and the model are rebuilt from the flags stored in the checkpoint (env.name, env.*,
-use_lstm, atari_net, center_frames), so they are the ones the weights were trained with; from the
-command line only device, seed, torch_threads and the keys of evaluate.yaml are used.
+use_lstm, atari_net, center_frames, layer_norm), so they are the ones the weights were trained
+with; from the command line only device, seed, torch_threads and the keys of evaluate.yaml are
+used.
 
 Each episode is printed as it ends and appended to eval.tsv next to the checkpoint; with
 video=DIR it is also recorded to DIR/episode_<i>.mp4.
@@ -38,7 +39,7 @@ from examples.vtrace.config import (
     check_writable,
     resolve_device,
 )
-from examples.vtrace.models import create_model
+from examples.vtrace.models import ARCHITECTURE_KEYS, create_model
 
 # Tiny frames (MinAtar's 10x10 grids) are scaled up to at least this many pixels a side.
 MIN_VIDEO_SIDE = 160
@@ -93,6 +94,7 @@ def trained_settings(data, path, flags):
         "use_lstm": bool(saved.get("use_lstm", flags.use_lstm)),
         "atari_net": saved.get("atari_net", "resnet"),  # the only Atari net before the key
         "center_frames": bool(saved.get("center_frames", False)),
+        "layer_norm": bool(saved.get("layer_norm", False)),
     }
 
 
@@ -100,7 +102,7 @@ def note_ignored_overrides(settings):
     """Say so when the command line asks for env or model settings other than the checkpoint's."""
     for override in HydraConfig.get().overrides.task:
         key, _, value = override.lstrip("+~").partition("=")
-        if key not in ("use_lstm", "atari_net", "center_frames") and not key.startswith("env."):
+        if key not in ARCHITECTURE_KEYS and not key.startswith("env."):
             continue
         used = OmegaConf.select(OmegaConf.create(settings), key)
         if str(used).lower() != value.lower():
@@ -129,9 +131,7 @@ def load_model(data, path, env, settings, device):
     model = create_model(
         env.observation_space,
         env.action_space.n,
-        use_lstm=settings["use_lstm"],
-        atari_net=settings["atari_net"],
-        center_frames=settings["center_frames"],
+        **{key: settings[key] for key in ARCHITECTURE_KEYS},
     )
     describe = f"the model for {settings['env']['name']} (use_lstm={settings['use_lstm']})"
     if not isinstance(data["model"], dict):

@@ -47,7 +47,7 @@ from examples.vtrace.config import (
 )
 from examples.vtrace.learner import AsyncLearner, NonFiniteGradients
 from examples.vtrace.logs import ProgressLog
-from examples.vtrace.models import create_model
+from examples.vtrace.models import architecture, create_model
 from examples.vtrace.optimizer import create_optimizer, step_optimizer
 from examples.vtrace.state import LearnerState
 
@@ -217,8 +217,8 @@ def create_learner_state(flags, observation_space, action_space, device):
     """The model and its LearnerState, resumed from savedir/checkpoint.tar when there is one;
     returns (model, state, the checkpoint's model version or None)."""
     model = create_model(
-        observation_space, action_space.n, flags.use_lstm, flags.precision, device,
-        flags.atari_net, flags.center_frames,
+        observation_space, action_space.n, precision=flags.precision, device=device,
+        **architecture(flags),
     ).to(device)  # fmt: skip
     state = LearnerState(model, create_optimizer(flags, model))
     resumed_version = load_checkpoint(flags, state)

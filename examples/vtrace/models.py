@@ -257,20 +257,26 @@ class HalfNatureNet(NatureNet):
 class MinAtarNet(ActorCriticBase):
     """The MinAtar baseline network for small channels-last grids [H, W, C] of 0/1."""
 
-    def __init__(self, obs_shape, num_actions: int, use_lstm: bool = False, precision="fp32"):
+    def __init__(
+        self, obs_shape, num_actions: int, use_lstm=False, precision="fp32", layer_norm=False
+    ):
         super().__init__(128, num_actions, use_lstm, precision)
         height, width, channels = obs_shape
         # No padding, as in the MinAtar paper's baseline (Young & Tian 2019): a 10x10 grid
         # gives 16 x 8 x 8 = 1024 features, so results stay comparable with published ones.
         self.conv = nn.Conv2d(channels, 16, kernel_size=3, stride=1)
         self.fc = nn.Linear(16 * (height - 2) * (width - 2), self.hidden_size)
+        # A hidden unit whose sum is below zero on every frame gets no gradient through its
+        # ReLU and stops learning; behind a layer norm it still learns, through the layer's mean
+        # and spread, which all units share (docs/results.md).
+        self.norm = nn.LayerNorm(self.hidden_size) if layer_norm else nn.Identity()
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.permute(0, 3, 1, 2).float()
         # The conv answers channels-last input in channels-last; flatten needs NCHW order, and
         # ReLU's backward between the two layouts took 1 ms of the learner's 12 per minibatch.
         x = F.relu(self.conv(x).contiguous())
-        return F.relu(self.fc(x.flatten(1)))
+        return F.relu(self.norm(self.fc(x.flatten(1))))
 
 
 class MLPNet(ActorCriticBase):
@@ -332,12 +338,13 @@ def create_model(
     device="cpu",
     atari_net: str = "resnet",
     center_frames: bool = False,
+    layer_norm: bool = False,
 ) -> ActorCriticBase:
     """Pick the torso that fits the observation space's shape; for Atari frames, `atari_net`
     ("resnet", "nature" or "nature_half") names it, and `center_frames` makes its first layer
-    see each frame minus the frame's mean (other nets ignore both). precision: "fp32", "bf16"
-    or "auto" (see resolve_precision; device only serves that choice: the model is made on the
-    CPU)."""
+    see each frame minus the frame's mean (other nets ignore both); `layer_norm` normalises the
+    MinAtar net's hidden layer (other nets ignore it). precision: "fp32", "bf16" or "auto" (see
+    resolve_precision; device only serves that choice: the model is made on the CPU)."""
     if atari_net not in ATARI_NETS:
         raise ValueError(f"atari_net must be one of {', '.join(ATARI_NETS)}, got {atari_net!r}")
     shape = tuple(observation_space.shape)
@@ -357,4 +364,16 @@ def create_model(
     precision = resolve_precision(precision, net, device)
     if net in ATARI_NETS.values():
         return net(shape, num_actions, use_lstm, precision, center_frames)
+    if net is MinAtarNet:
+        return net(shape, num_actions, use_lstm, precision, layer_norm)
     return net(shape, num_actions, use_lstm, precision)
+
+
+# The settings that decide the net's shape and what it computes: a checkpoint's weights belong
+# to the net these made, so checkpoints store them and evaluate rebuilds the net from them.
+ARCHITECTURE_KEYS = ("use_lstm", "atari_net", "center_frames", "layer_norm")
+
+
+def architecture(flags) -> dict:
+    """create_model's keyword arguments from an ExperimentConfig (or its DictConfig)."""
+    return {key: getattr(flags, key) for key in ARCHITECTURE_KEYS}

@@ -12,6 +12,7 @@ import sys
 
 import imageio
 import pytest
+import torch
 from helpers import CARTPOLE, REPO, Child, free_port, read_rows
 from omegaconf import OmegaConf
 
@@ -322,6 +323,24 @@ def test_center_frames_comes_from_the_checkpoint(tmp_path, stored):
     loaded = load_model(data, tmp_path / "checkpoint.tar", env, settings, "cpu")
     env.close()
     assert loaded.center_frames is bool(stored)
+
+
+@pytest.mark.parametrize("stored", [True, False, None])
+def test_layer_norm_comes_from_the_checkpoint(tmp_path, stored):
+    env = make_env("MinAtar/Breakout-v1")
+    model = create_model(env.observation_space, env.action_space.n, layer_norm=bool(stored))
+    flags = experiment_flags("MinAtar/Breakout-v1", False, tmp_path)
+    if stored is None:  # a checkpoint from before the key: no layer norm
+        del flags["layer_norm"]
+    else:
+        flags["layer_norm"] = stored
+    data = {"model": model.state_dict(), "flags": flags}
+    settings = trained_settings(
+        data, tmp_path / "checkpoint.tar", OmegaConf.structured(EvaluateConfig)
+    )
+    loaded = load_model(data, tmp_path / "checkpoint.tar", env, settings, "cpu")
+    env.close()
+    assert isinstance(loaded.norm, torch.nn.LayerNorm) is bool(stored)
 
 
 @pytest.mark.slow

@@ -6,13 +6,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from examples.vtrace.config import ExperimentConfig
 from examples.vtrace.models import (
     AtariNet,
     HalfNatureNet,
     MinAtarNet,
     MLPNet,
     NatureNet,
+    architecture,
     create_model,
     frames_for_encode,
 )
@@ -186,6 +189,79 @@ def test_centered_first_layer_has_no_silent_channels_on_a_uniform_background():
         silent[center] = int((~fired).sum())
     assert silent[True] == 0
     assert silent[False] > 0
+
+
+def breakout_like_frames(count=64):
+    """MinAtar frames [N, 10, 10, 4] that share most of their cells, as a wall of bricks makes
+    Breakout's: a ball and a paddle move, the rest stays."""
+    frames = torch.zeros(count, 10, 10, 4)
+    frames[:, 1:4, :, 3] = 1
+    for i in range(count):
+        frames[i, 5 + i % 5, i % 10, 0] = frames[i, 9, (3 * i) % 10, 1] = 1
+    return frames
+
+
+def hidden_before_relu_and_grads(layer_norm):
+    """The MinAtar net's hidden layer before its ReLU on breakout_like_frames, and the fc
+    layer's weight gradients of a loss on the value head."""
+    torch.manual_seed(0)
+    net = create_model(box((10, 10, 4), np.bool_), NUM_ACTIONS, layer_norm=layer_norm)
+    seen = []
+    net.norm.register_forward_hook(lambda module, i, out: seen.append(out))
+    frames = breakout_like_frames()
+    out, _ = net({"state": frames[None], "done": torch.zeros(1, len(frames), dtype=torch.bool)})
+    out["baseline"].square().sum().backward()
+    return seen[0].detach(), net.fc.weight.grad
+
+
+def test_layer_norm_normalises_each_frames_hidden_sums():
+    hidden, _ = hidden_before_relu_and_grads(layer_norm=True)
+    torch.testing.assert_close(hidden.mean(1), torch.zeros(len(hidden)), atol=1e-5, rtol=0)
+    std = hidden.std(1, unbiased=False)
+    torch.testing.assert_close(std, torch.ones(len(hidden)), atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_layer_norm_lets_units_silent_on_every_frame_learn(layer_norm):
+    # A unit below zero on every frame gets no gradient through its own ReLU; behind the layer
+    # norm it still does, through the layer's mean and spread that the other units' sums share.
+    hidden, grads = hidden_before_relu_and_grads(layer_norm)
+    silent = (hidden <= 0).all(0)
+    assert silent.sum() > 0  # frames this alike leave some units silent either way
+    learning = grads[silent].abs().sum(1) > 0
+    assert bool(learning.all()) if layer_norm else not bool(learning.any())
+
+
+def test_layer_norm_off_keeps_the_minatar_nets_weights_as_before():
+    minatar = box((10, 10, 4), np.bool_)
+    plain = create_model(minatar, NUM_ACTIONS)
+    # Checkpoints from before the key load as they did: no new weights without it.
+    assert not any(key.startswith("norm.") for key in plain.state_dict())
+    normed = create_model(minatar, NUM_ACTIONS, layer_norm=True)
+    assert {key for key in normed.state_dict() if key.startswith("norm.")} == {
+        "norm.weight",
+        "norm.bias",
+    }
+
+
+def test_layer_norm_leaves_other_nets_alone():
+    atari = box((4, 84, 84), np.uint8)
+    plain = create_model(atari, NUM_ACTIONS, atari_net="nature_half")
+    normed = create_model(atari, NUM_ACTIONS, atari_net="nature_half", layer_norm=True)
+    assert normed.state_dict().keys() == plain.state_dict().keys()
+    cartpole = box((4,), np.float32)
+    assert type(create_model(cartpole, NUM_ACTIONS, layer_norm=True)) is MLPNet
+
+
+def test_architecture_keys_are_experiment_settings():
+    flags = ExperimentConfig(layer_norm=True, atari_net="nature")
+    assert architecture(flags) == {
+        "use_lstm": False,
+        "atari_net": "nature",
+        "center_frames": False,
+        "layer_norm": True,
+    }
+    assert architecture(OmegaConf.structured(flags)) == architecture(flags)
 
 
 @pytest.mark.parametrize("shape", [(3, 3, 3, 3), (84, 84, 4), (2, 2)])
