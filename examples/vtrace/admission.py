@@ -22,9 +22,12 @@ import time
 import moolib
 
 from examples.vtrace.config import ConfigError, as_dict
+from examples.vtrace.models import ARCHITECTURE_KEYS
 
 # Settings every peer of a group must share (dotted keys; a section stands for all its keys).
-SHARED_SETTINGS = ["env", "atari_net", "use_lstm", "optimizer", "total_steps", "warmup",
+# The net's keys are all here even where they leave every parameter's shape alone
+# (center_frames): a peer with another would add gradients of another function.
+SHARED_SETTINGS = [*ARCHITECTURE_KEYS, "env", "optimizer", "total_steps", "warmup",
                    "discounting", "baseline_cost", "entropy_cost", "normalize_advantages",
                    "pg_clip", "vtrace_lambda", "reward_clip", "grad_norm_clipping",
                    "unroll_length", "learner_passes", "learner_minibatches",

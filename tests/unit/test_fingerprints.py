@@ -38,6 +38,16 @@ def test_each_difference_is_named():
     assert many[-1] == "1 more parameters differ" and len(many) == 4
 
 
+@pytest.mark.parametrize("override", ["center_frames=true", "layer_norm=true"])
+def test_a_net_setting_that_keeps_every_shape_still_differs(override):
+    # The same parameters, another function of them: its gradients do not belong in the sum.
+    mine = fingerprint(flags(override), model())
+    key = override.split("=")[0]
+    assert differences(mine, fingerprint(flags(), model())) == [
+        f"{key}=True here, False in the group"
+    ]
+
+
 def test_a_key_the_other_peer_does_not_know_is_not_a_difference():
     theirs = fingerprint(flags(), model())
     del theirs["settings"]["pg_clip"]
