@@ -307,40 +307,36 @@ def test_trained_video_per_episode(trained_cartpole, tmp_path):
         assert size == (600, 400) and frames == 101  # 100 steps and the final state
 
 
+# A net setting, the env whose net it changes (and the other settings that net needs), and
+# whether a loaded net has it on.
+NET_SETTINGS = {
+    "center_frames": ("ALE/Pong-v5", {"atari_net": "nature_half"}, lambda net: net.center_frames),
+    "layer_norm": (
+        "MinAtar/Breakout-v1",
+        {},
+        lambda net: isinstance(net.norm, torch.nn.LayerNorm),
+    ),
+}
+
+
 @pytest.mark.parametrize("stored", [True, False, None])
-def test_center_frames_comes_from_the_checkpoint(tmp_path, stored):
-    env = make_env("ALE/Pong-v5")
-    model = create_model(env.observation_space, env.action_space.n, atari_net="nature_half")
-    flags = {**experiment_flags("ALE/Pong-v5", False, tmp_path), "atari_net": "nature_half"}
-    if stored is None:  # a checkpoint from before the key: frames were not centred
-        del flags["center_frames"]
+@pytest.mark.parametrize("key", list(NET_SETTINGS))
+def test_a_net_setting_comes_from_the_checkpoint(tmp_path, key, stored):
+    env_name, needs, is_on = NET_SETTINGS[key]
+    env = make_env(env_name)
+    model = create_model(env.observation_space, env.action_space.n, **needs, **{key: bool(stored)})
+    flags = {**experiment_flags(env_name, False, tmp_path), **needs}
+    if stored is None:  # a checkpoint from before the key: it was off
+        del flags[key]
     else:
-        flags["center_frames"] = stored
+        flags[key] = stored
     data = {"model": model.state_dict(), "flags": flags}
     settings = trained_settings(
         data, tmp_path / "checkpoint.tar", OmegaConf.structured(EvaluateConfig)
     )
     loaded = load_model(data, tmp_path / "checkpoint.tar", env, settings, "cpu")
     env.close()
-    assert loaded.center_frames is bool(stored)
-
-
-@pytest.mark.parametrize("stored", [True, False, None])
-def test_layer_norm_comes_from_the_checkpoint(tmp_path, stored):
-    env = make_env("MinAtar/Breakout-v1")
-    model = create_model(env.observation_space, env.action_space.n, layer_norm=bool(stored))
-    flags = experiment_flags("MinAtar/Breakout-v1", False, tmp_path)
-    if stored is None:  # a checkpoint from before the key: no layer norm
-        del flags["layer_norm"]
-    else:
-        flags["layer_norm"] = stored
-    data = {"model": model.state_dict(), "flags": flags}
-    settings = trained_settings(
-        data, tmp_path / "checkpoint.tar", OmegaConf.structured(EvaluateConfig)
-    )
-    loaded = load_model(data, tmp_path / "checkpoint.tar", env, settings, "cpu")
-    env.close()
-    assert isinstance(loaded.norm, torch.nn.LayerNorm) is bool(stored)
+    assert is_on(loaded) is bool(stored)
 
 
 @pytest.mark.slow
