@@ -127,8 +127,9 @@ class ExperimentConfig:
     # channel can (docs/atari.md). Checkpoints store it; other envs ignore it.
     center_frames: bool = False
     # true: the MinAtar net's hidden layer is layer-normalised before its ReLU, so a unit that
-    # sits below zero on every frame still learns (without it, such a unit gets no gradient;
-    # docs/results.md). Checkpoints store it; other envs' nets ignore it.
+    # sits below zero on every frame still learns (without it, such a unit gets no gradient).
+    # On Breakout it kept the units alive but learned no better (docs/results.md), so
+    # preset=minatar leaves it off. Checkpoints store it; other envs' nets ignore it.
     layer_norm: bool = False
     torch_threads: int = 1  # the learner's torch intra-op threads; 0: torch's (one per core)
     # Intra-op threads of acting's forward passes (the main thread); 0 = as torch_threads. With
