@@ -316,6 +316,7 @@ def main(flags: DictConfig):
     # Only now, with the checkpoint written and train's moolib objects freed: under submitit,
     # after the preemption signal, this requeues the job and exits.
     preemption.requeue_if_signalled()
+    cluster.skip_teardown_once_submitit_has_the_result()
     return result
 
 

@@ -208,3 +208,32 @@ def test_preempt_signal_variable(monkeypatch):
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "NOPE")
     with pytest.raises(ValueError, match="SUBMITIT_PREEMPT_SIGNAL=NOPE"):
         cluster.preemption_signal()
+
+
+TEARDOWN_PROGRAM = """
+import atexit, pathlib, sys
+from examples.vtrace import cluster
+# Registered first, so it runs last: stands for the interpreter's teardown that moolib can crash.
+atexit.register(print, "teardown ran", flush=True)
+cluster.skip_teardown_once_submitit_has_the_result()
+if sys.argv[1] == "saved":
+    pathlib.Path(sys.argv[2]).write_bytes(b"")
+"""
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_under_submitit_a_saved_result_ends_the_process_before_teardown(tmp_path, saved):
+    env = {**os.environ, "SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path),
+           "SUBMITIT_LOCAL_JOB_ID": "77", "SUBMITIT_LOCAL_GLOBALID": "0"}  # fmt: skip
+    result = tmp_path / "77_0_result.pkl"  # where submitit saves job 77's result
+    args = [sys.executable, "-c", TEARDOWN_PROGRAM, "saved" if saved else "none", str(result)]
+    run = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert ("teardown ran" in run.stdout) is not saved, run.stdout
+
+
+def test_outside_submitit_the_exit_is_untouched(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBMITIT")}
+    args = [sys.executable, "-c", TEARDOWN_PROGRAM, "saved", str(tmp_path / "result.pkl")]
+    run = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "teardown ran" in run.stdout, run.stdout + run.stderr
