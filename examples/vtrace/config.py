@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from examples.common.address import parse_address
 from examples.common.envs import check_env_name
-from examples.vtrace.models import ATARI_NETS, PRECISIONS
+from examples.vtrace.models import ATARI_NETS, CENTER_FRAMES_ON, PRECISIONS
 
 
 class ConfigError(Exception):
@@ -126,6 +126,11 @@ class ExperimentConfig:
     # fires, so never learns (11-13 of 16 in the half-width net's Pong runs); centred, every
     # channel can (docs/atari.md). Checkpoints store it; other envs ignore it.
     center_frames: bool = False
+    # What centring subtracts from each frame: "mean" (its mean brightness) or "background"
+    # (its commonest grey level: Pong's brown court; Breakout's black, so nothing). The mean
+    # puts Breakout's black below zero, which silenced channels there as Pong's court did
+    # without centring (docs/atari.md). Checkpoints store it.
+    center_frames_on: str = "mean"
     # true: the MinAtar net's hidden layer is layer-normalised before its ReLU, so a unit that
     # sits below zero on every frame still learns (without it, such a unit gets no gradient).
     # On Breakout it kept the units alive but learned no better (docs/results.md), so
@@ -218,6 +223,11 @@ def check_flags(flags):
     if flags.atari_net not in ATARI_NETS:
         names = ", ".join(ATARI_NETS)
         raise ConfigError(f"atari_net must be one of {names}, got {flags.atari_net!r}")
+    if flags.center_frames_on not in CENTER_FRAMES_ON:
+        names = ", ".join(CENTER_FRAMES_ON)
+        raise ConfigError(
+            f"center_frames_on must be one of {names}, got {flags.center_frames_on!r}"
+        )
     if flags.batch_size % flags.learner_minibatches:
         raise ConfigError(
             f"batch_size ({flags.batch_size}) must be a multiple of learner_minibatches "

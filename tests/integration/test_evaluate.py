@@ -307,36 +307,38 @@ def test_trained_video_per_episode(trained_cartpole, tmp_path):
         assert size == (600, 400) and frames == 101  # 100 steps and the final state
 
 
-# A net setting, the env whose net it changes (and the other settings that net needs), and
-# whether a loaded net has it on.
+# A net setting: the env whose net it changes (and the other settings that net needs), its
+# value when on and when off (the value of checkpoints from before the key), and what a loaded
+# net has of it.
+PONG_NET = ("ALE/Pong-v5", {"atari_net": "nature_half", "center_frames": True})
 NET_SETTINGS = {
-    "center_frames": ("ALE/Pong-v5", {"atari_net": "nature_half"}, lambda net: net.center_frames),
-    "layer_norm": (
-        "MinAtar/Breakout-v1",
-        {},
-        lambda net: isinstance(net.norm, torch.nn.LayerNorm),
-    ),
-}
+    "center_frames": (PONG_NET[0], {"atari_net": "nature_half"}, True, False,
+                      lambda net: net.center_frames),
+    "center_frames_on": (*PONG_NET, "background", "mean", lambda net: net.center_frames_on),
+    "layer_norm": ("MinAtar/Breakout-v1", {}, True, False,
+                   lambda net: isinstance(net.norm, torch.nn.LayerNorm)),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("stored", [True, False, None])
+@pytest.mark.parametrize("stored", ["on", "off", None])
 @pytest.mark.parametrize("key", list(NET_SETTINGS))
 def test_a_net_setting_comes_from_the_checkpoint(tmp_path, key, stored):
-    env_name, needs, is_on = NET_SETTINGS[key]
+    env_name, needs, on, off, setting = NET_SETTINGS[key]
+    value = on if stored == "on" else off
     env = make_env(env_name)
-    model = create_model(env.observation_space, env.action_space.n, **needs, **{key: bool(stored)})
+    model = create_model(env.observation_space, env.action_space.n, **needs, **{key: value})
     flags = {**experiment_flags(env_name, False, tmp_path), **needs}
     if stored is None:  # a checkpoint from before the key: it was off
         del flags[key]
     else:
-        flags[key] = stored
+        flags[key] = value
     data = {"model": model.state_dict(), "flags": flags}
     settings = trained_settings(
         data, tmp_path / "checkpoint.tar", OmegaConf.structured(EvaluateConfig)
     )
     loaded = load_model(data, tmp_path / "checkpoint.tar", env, settings, "cpu")
     env.close()
-    assert is_on(loaded) is bool(stored)
+    assert setting(loaded) == value
 
 
 @pytest.mark.slow

@@ -38,13 +38,17 @@ def test_each_difference_is_named():
     assert many[-1] == "1 more parameters differ" and len(many) == 4
 
 
-@pytest.mark.parametrize("override", ["center_frames=true", "layer_norm=true"])
-def test_a_net_setting_that_keeps_every_shape_still_differs(override):
+@pytest.mark.parametrize(
+    "override,default",
+    [("center_frames=true", False), ("center_frames_on=background", "mean"),
+     ("layer_norm=true", False)],
+)  # fmt: skip
+def test_a_net_setting_that_keeps_every_shape_still_differs(override, default):
     # The same parameters, another function of them: its gradients do not belong in the sum.
     mine = fingerprint(flags(override), model())
     key = override.split("=")[0]
     assert differences(mine, fingerprint(flags(), model())) == [
-        f"{key}=True here, False in the group"
+        f"{key}={getattr(flags(override), key)} here, {default} in the group"
     ]
 
 

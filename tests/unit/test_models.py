@@ -162,6 +162,49 @@ def test_center_frames_is_the_net_on_each_frame_minus_its_mean(atari_net):
     assert not torch.allclose(plain_brighter["baseline"], plain_out["baseline"], atol=1e-4)
 
 
+def court_frames(background, seed=0):
+    """Atari-like frames [1, 3, 4, 84, 84]: one grey level on 90% of the pixels, bright and dark
+    objects on the rest."""
+    generator = torch.Generator().manual_seed(seed)
+    frames = torch.full((1, 3, 4, 84, 84), background, dtype=torch.uint8)
+    objects = torch.rand(frames.shape, generator=generator) < 0.1
+    levels = torch.randint(0, 256, frames.shape, generator=generator, dtype=torch.uint8)
+    return torch.where(objects, levels, frames)
+
+
+@pytest.mark.parametrize("atari_net", ["nature_half", "resnet"])
+def test_center_frames_on_background_subtracts_each_frames_commonest_level(atari_net):
+    atari = box((4, 84, 84), np.uint8)
+    torch.manual_seed(0)
+    centered = create_model(
+        atari, NUM_ACTIONS, atari_net=atari_net, center_frames=True, center_frames_on="background"
+    )
+    plain = create_model(atari, NUM_ACTIONS, atari_net=atari_net)
+    plain.load_state_dict(centered.state_dict())
+    frames = court_frames(87)
+    frames[0, 1] = court_frames(142, seed=1)[0, 1]  # another step, another background
+    done = torch.zeros(1, 3, dtype=torch.bool)
+    out, _ = centered({"state": frames, "done": done})
+    background = torch.tensor([87.0, 142.0, 87.0])[None, :, None, None, None]
+    expected, _ = plain({"state": frames.float() - background, "done": done})
+    torch.testing.assert_close(out["baseline"], expected["baseline"], atol=1e-4, rtol=1e-4)
+    # On a black background (Breakout's) it is the net without centring, where "mean" is not.
+    black = court_frames(0)
+    on_black, _ = centered({"state": black, "done": done})
+    uncentered, _ = plain({"state": black, "done": done})
+    torch.testing.assert_close(on_black["baseline"], uncentered["baseline"])
+    torch.manual_seed(0)
+    on_mean = create_model(atari, NUM_ACTIONS, atari_net=atari_net, center_frames=True)
+    mean_out, _ = on_mean({"state": black, "done": done})
+    assert not torch.allclose(mean_out["baseline"], uncentered["baseline"], atol=1e-4)
+
+
+def test_center_frames_on_takes_only_its_two_values():
+    atari = box((4, 84, 84), np.uint8)
+    with pytest.raises(ValueError, match="center_frames_on must be one of mean, background"):
+        create_model(atari, NUM_ACTIONS, atari_net="nature_half", center_frames_on="median")
+
+
 def test_center_frames_leaves_other_nets_alone():
     minatar = box((10, 10, 4), np.bool_)
     assert type(create_model(minatar, NUM_ACTIONS, center_frames=True)) is MinAtarNet
@@ -259,6 +302,7 @@ def test_architecture_keys_are_experiment_settings():
         "use_lstm": False,
         "atari_net": "nature",
         "center_frames": False,
+        "center_frames_on": "mean",
         "layer_norm": True,
     }
     assert architecture(OmegaConf.structured(flags)) == architecture(flags)

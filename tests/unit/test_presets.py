@@ -91,3 +91,11 @@ def test_batch_size_must_divide_into_minibatches():
     with pytest.raises(ConfigError, match="at least one learner minibatch"):
         check_flags(config("batch_size=16", "virtual_batch_size=2", "learner_minibatches=4"))
     check_flags(config("batch_size=16", "virtual_batch_size=4", "learner_minibatches=4"))
+
+
+def test_center_frames_on_must_name_what_is_subtracted():
+    from examples.vtrace.config import ConfigError
+
+    with pytest.raises(ConfigError, match="center_frames_on must be one of mean, background"):
+        check_flags(config("center_frames_on=median"))
+    check_flags(config("center_frames_on=background"))
