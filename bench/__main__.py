@@ -61,6 +61,7 @@ VTRACE_SETTINGS = {
     "torch_threads": 2,
     "atari_net": "nature_half",
     "center_frames": True,
+    "center_frames_on": "background",
     "entropy_cost": 0.02,
     "precision": "fp32",
 }

@@ -48,9 +48,10 @@ def test_atari_cpu_preset_keeps_atari():
     assert flags.max_queued_batches == 0 and flags.minibatch_steps and flags.pg_clip == 0.1
     # A lost life ends the learner's returns, as in the PPO runs its Breakout is compared with.
     assert flags.env.episodic_life
-    # Every first-layer channel can fire behind a uniform background; and Pong's seed 0 needed
-    # twice PPO's entropy cost not to settle on one action.
-    assert flags.center_frames and flags.entropy_cost == 0.02
+    # Every first-layer channel can fire behind a uniform background, and a black one stays at
+    # zero; Pong's seed 0 needed twice PPO's entropy cost not to settle on one action.
+    assert flags.center_frames and flags.center_frames_on == "background"
+    assert flags.entropy_cost == 0.02
 
 
 def test_the_loop_reads_a_plain_dataclass_with_the_same_settings():
