@@ -192,8 +192,15 @@ def background_levels(obs: torch.Tensor) -> torch.Tensor:
 class FramesNet(ActorCriticBase):
     """What the Atari torsos share: stacked frames [C, H, W] in 0..255, optionally centred."""
 
-    def __init__(self, hidden_size, num_actions, use_lstm, precision, center_frames=False,
-                 center_frames_on="mean"):  # fmt: skip
+    def __init__(
+        self,
+        hidden_size,
+        num_actions,
+        use_lstm,
+        precision,
+        center_frames=False,
+        center_frames_on="mean",
+    ):
         super().__init__(hidden_size, num_actions, use_lstm, precision)
         self.center_frames = center_frames
         self.center_frames_on = check_center_frames_on(center_frames_on)
@@ -402,8 +409,8 @@ def create_model(
         )
     precision = resolve_precision(precision, net, device)
     if net in ATARI_NETS.values():
-        return net(shape, num_actions, use_lstm, precision, center_frames=center_frames,
-                   center_frames_on=center_frames_on)  # fmt: skip
+        centring = {"center_frames": center_frames, "center_frames_on": center_frames_on}
+        return net(shape, num_actions, use_lstm, precision, **centring)
     if net is MinAtarNet:
         return net(shape, num_actions, use_lstm, precision, layer_norm)
     return net(shape, num_actions, use_lstm, precision)
