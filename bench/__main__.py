@@ -40,7 +40,8 @@ NETSCALING = "netscaling"
 # command line (examples/vtrace/preset/atari_cpu.yaml says why each). Small batches: on a CPU the
 # per-sample cost of a conv net grows with the batch (caches), and the agent acts and learns in
 # two threads. Two torch threads, as the preset: the learner bounds the agent, and its second
-# thread sleeps while idle (OMP_WAIT_POLICY, examples/vtrace/__init__.py). `--set` tries others.
+# thread sleeps while idle (OMP_WAIT_POLICY, examples/vtrace/__init__.py); acting's forward
+# passes on one. `--set` tries others.
 VTRACE_SETTINGS = {
     "actor_batch_size": 4,
     "num_actor_batches": 2,
@@ -59,6 +60,7 @@ VTRACE_SETTINGS = {
     "normalize_advantages": True,
     "grad_norm_clipping": 0.5,
     "torch_threads": 2,
+    "acting_threads": 1,
     "atari_net": "nature_half",
     "center_frames": True,
     "center_frames_on": "background",

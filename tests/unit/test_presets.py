@@ -52,6 +52,8 @@ def test_atari_cpu_preset_keeps_atari():
     # zero; Pong's seed 0 needed twice PPO's entropy cost not to settle on one action.
     assert flags.center_frames and flags.center_frames_on == "background"
     assert flags.entropy_cost == 0.02
+    # Acting does not share its small forward passes with a thread an env process keeps waiting.
+    assert flags.torch_threads == 2 and flags.acting_threads == 1
 
 
 def test_the_loop_reads_a_plain_dataclass_with_the_same_settings():
