@@ -8,6 +8,7 @@ contiguous numpy array or a dict of them. Gymnasium speaks the new one. ``OldGym
 
 import atexit
 import gc
+import importlib.util
 import multiprocessing
 import weakref
 
@@ -18,6 +19,7 @@ from examples.common.atari import AtariFrames
 
 ATARI_PREFIX = "ALE/"
 MINATAR_PREFIX = "MinAtar/"
+MINATAR_GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 
 
 # EnvPool's workers end with the envs still referenced from C++; without closing them first,
@@ -141,13 +143,21 @@ def register_all():
     import ale_py
 
     gym.register_envs(ale_py)
-    try:
-        import minatar.gym
-
-        if not any(env_id.startswith(MINATAR_PREFIX) for env_id in gym.registry):
-            minatar.gym.register_envs()
-    except ImportError:
-        pass
+    if importlib.util.find_spec("minatar") is None:
+        return
+    # The same ids and entry point as minatar.gym.register_envs(), registered without importing
+    # minatar: its package imports seaborn, pandas and scipy (5 s) for its display, a cost every
+    # peer would pay at start even on CartPole or Atari. The entry point imports it on first make.
+    for game in MINATAR_GAMES:
+        name = game.title().replace("_", "")
+        for version, minimal in (("v0", False), ("v1", True)):
+            env_id = f"{MINATAR_PREFIX}{name}-{version}"
+            if env_id not in gym.registry:
+                gym.register(
+                    env_id,
+                    entry_point="minatar.gym:BaseEnv",
+                    kwargs=dict(game=game, use_minimal_action_set=minimal),
+                )
 
 
 def check_env_name(name):
