@@ -28,7 +28,8 @@ from examples.vtrace.models import ARCHITECTURE_KEYS
 # The net's keys are all here even where they leave every parameter's shape alone
 # (center_frames): a peer with another would add gradients of another function.
 SHARED_SETTINGS = [*ARCHITECTURE_KEYS, "env", "optimizer", "total_steps", "warmup",
-                   "discounting", "baseline_cost", "entropy_cost", "normalize_advantages",
+                   "discounting", "baseline_cost", "entropy_cost", "entropy_cost_end",
+                   "normalize_advantages",
                    "pg_clip", "vtrace_lambda", "reward_clip", "grad_norm_clipping",
                    "unroll_length", "learner_passes", "learner_minibatches",
                    "minibatch_steps", "decoupled_clip", "virtual_batch_size"]  # fmt: skip

@@ -103,6 +103,10 @@ class ExperimentConfig:
     discounting: float = 0.99
     baseline_cost: float = 0.5
     entropy_cost: float = 0.0006
+    # The entropy cost at total_steps: it goes linearly from entropy_cost (at step 0) to this.
+    # null keeps it constant. A high cost early keeps a fresh policy from settling on one action
+    # before it has learned anything; a lower one later lets it act on what it has learned.
+    entropy_cost_end: float | None = None
     # true: the policy gradient's advantages scaled to mean 0, std 1 over each learner batch
     normalize_advantages: bool = False
     # 0: IMPALA's V-trace policy gradient. >0: PPO's clipped surrogate on the V-trace advantages,
@@ -201,6 +205,11 @@ def check_flags(flags):
         raise ConfigError(
             f"optimizer.decay_steps must be a positive integer or null (= total_steps), "
             f"got {flags.optimizer.decay_steps}"
+        )
+    if flags.entropy_cost_end is not None and not flags.entropy_cost_end >= 0:
+        raise ConfigError(
+            f"entropy_cost_end must be 0 or more, or null (constant entropy_cost), "
+            f"got {flags.entropy_cost_end}"
         )
     if flags.num_actor_batches < 2:
         raise ConfigError("num_actor_batches must be at least 2 (one batch steps while we act)")

@@ -147,7 +147,14 @@ def learn(flags, learner, accumulator, group, queue, state, log):
     for the next turns, each with a step of acting, left the learner thread idle meanwhile.
     Returns the optimizer step's numbers, or None when there was no step."""
     alone = len(group.members()) == 1
-    log.count("dropped_batches", learner.update(accumulator, group.sync_id(), queue, alone=alone))
+
+    def hand_over_and_start():
+        dropped = learner.update(
+            accumulator, group.sync_id(), queue, alone=alone, env_train_steps=state.env_train_steps
+        )
+        log.count("dropped_batches", dropped)
+
+    hand_over_and_start()
     log.count("nonfinite_batches", learner.take_nonfinite_count())
     for _ in range(2):
         if accumulator.has_gradients():
@@ -156,7 +163,7 @@ def learn(flags, learner, accumulator, group, queue, state, log):
     if not accumulator.has_gradients():
         return None
     stats = step_optimizer(flags, state, accumulator)
-    log.count("dropped_batches", learner.update(accumulator, group.sync_id(), queue, alone=alone))
+    hand_over_and_start()
     return stats
 
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from examples.vtrace.loss import LOSS_NAMES, gradients, step_targets
+from examples.vtrace.loss import LOSS_NAMES, entropy_cost, gradients, step_targets
 from examples.vtrace.models import frames_for_encode
 
 # A peer whose own gradients are not finite this many batches in a row stops (exit status 1):
@@ -24,12 +24,12 @@ class NonFiniteGradients(RuntimeError):
     """This peer's gradients kept coming out NaN or infinite; the message says what to do."""
 
 
-def checked_gradients(flags, model, batch):
+def checked_gradients(flags, model, batch, entropy_weight=None):
     """gradients(), and whether every one of them is finite (checked in the learner thread).
     `batch` may be a StepMinibatch, whose steps are picked here, in the learner thread."""
     if isinstance(batch, StepMinibatch):
         batch = batch.steps(flags, model)
-    grads, losses = gradients(flags, model, batch)
+    grads, losses = gradients(flags, model, batch, entropy_weight)
     # NaN and inf carry through a sum (so does a sum past 3e38, a diverged gradient too):
     # 0.1 ms against isfinite()'s 0.7 for MinAtar's net, whose whole minibatch takes 6-8.
     sums = torch.stack([g.sum() for g in grads])
@@ -150,11 +150,14 @@ class AsyncLearner:
         start, or gradients of it still to compute or to hand over."""
         return bool(self.passes_left or self.pending) or not self.idle()
 
-    def start(self, batch, sync_id):
+    def start(self, batch, sync_id, env_train_steps=0):
         with torch.no_grad():
             for copied, live in self.copy_pairs:
                 copied.copy_(live)
-        future = self.thread.submit(checked_gradients, self.flags, self.model_copy, batch)
+        future = self.thread.submit(
+            checked_gradients, self.flags, self.model_copy, batch,
+            entropy_cost(self.flags, env_train_steps),
+        )  # fmt: skip
         self.running = future, sync_id
 
     def wait(self, timeout):
@@ -165,10 +168,11 @@ class AsyncLearner:
         else:
             concurrent.futures.wait([self.running[0]], timeout)
 
-    def update(self, accumulator, sync_id, queue, alone=False):
+    def update(self, accumulator, sync_id, queue, alone=False, env_train_steps=0):
         """Hand finished gradients over when the Accumulator wants them, and start on the next
-        learner batch when it is free. `alone`: this peer is the group's only member. Returns how
-        many batches were dropped (0 or 1) because the group changed since they started."""
+        learner batch when it is free (`env_train_steps`: the group's, for the schedules).
+        `alone`: this peer is the group's only member. Returns how many batches were dropped (0
+        or 1) because the group changed since they started."""
         if self.running is not None and self.running[0].done():
             future, started_in = self.running
             self.running = None
@@ -211,7 +215,7 @@ class AsyncLearner:
         if self.idle() and accumulator.wants_gradients():
             batch = self.next_batch(queue)
             if batch is not None:
-                self.start(batch, sync_id)
+                self.start(batch, sync_id, env_train_steps)
         if (
             (self.finished is None or not may_reduce)
             and accumulator.wants_gradients()

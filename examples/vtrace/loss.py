@@ -7,16 +7,28 @@ from examples.common import vtrace
 LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss", "clip_fraction"]
 
 
-def compute_loss(flags, model, batch):
+def entropy_cost(flags, env_train_steps):
+    """The entropy bonus's weight after env_train_steps: entropy_cost, or with entropy_cost_end
+    set, the linear way from entropy_cost at step 0 to entropy_cost_end at total_steps."""
+    if flags.entropy_cost_end is None:
+        return flags.entropy_cost
+    progress = min(1.0, env_train_steps / flags.total_steps)
+    return flags.entropy_cost + progress * (flags.entropy_cost_end - flags.entropy_cost)
+
+
+def compute_loss(flags, model, batch, entropy_weight=None):
     """V-trace actor-critic loss on a learner batch of T+1 steps ([T+1, B, ...]), or, for a
     minibatch of single steps that carries its targets (`vs`, see step_targets), PPO's loss on
-    those steps (step_loss).
+    those steps (step_loss). `entropy_weight`: the entropy bonus's weight now (entropy_cost()),
+    flags.entropy_cost when None.
 
     Step t holds observation t, whether it starts a new episode (done), the reward that led to
     it, the action taken from it and the acting policy's logits there.
     """
+    if entropy_weight is None:
+        entropy_weight = flags.entropy_cost
     if "vs" in batch:
-        return step_loss(flags, model, batch)
+        return step_loss(flags, model, batch, entropy_weight)
     core_state = batch.get("core_state", ())
     outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
     returns, mask = vtrace_returns(flags, batch, outputs)
@@ -34,7 +46,14 @@ def compute_loss(flags, model, batch):
     else:
         pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages)
     return total_loss(
-        flags, num_samples, pg_loss, returns.vs - values, logits, returns.log_rhos, mask
+        flags,
+        num_samples,
+        pg_loss,
+        returns.vs - values,
+        logits,
+        returns.log_rhos,
+        mask,
+        entropy_weight,
     )
 
 
@@ -82,7 +101,7 @@ def step_targets(flags, model, batch):
             "start_log_probs": returns.target_action_log_probs}  # fmt: skip
 
 
-def step_loss(flags, model, steps):
+def step_loss(flags, model, steps, entropy_weight):
     """PPO's loss on a minibatch of single steps ([1, N, ...]: the acting policy's logits, the
     action, and the targets from step_targets): the clipped surrogate on the advantages (its
     ratio to the acting policy, or with decoupled_clip to the batch's starting one), the value's
@@ -104,16 +123,16 @@ def step_loss(flags, model, steps):
         log_rhos, weights = log_probs - acting_log_probs, None
     pg_loss = vtrace.clipped_surrogate_loss(log_rhos, advantages, flags.pg_clip, mask, weights)
     errors = (steps["vs"] - outputs["baseline"]) * mask
-    return total_loss(flags, mask.numel(), pg_loss, errors, logits, log_rhos, mask)
+    return total_loss(flags, mask.numel(), pg_loss, errors, logits, log_rhos, mask, entropy_weight)
 
 
-def total_loss(flags, num_samples, pg_loss, value_errors, logits, log_rhos, mask):
+def total_loss(flags, num_samples, pg_loss, value_errors, logits, log_rhos, mask, entropy_weight):
     """The weighted sum of the policy, baseline and entropy terms, each a mean over the samples,
     and the numbers for the log."""
     pg_loss = pg_loss / num_samples
     baseline_loss = vtrace.baseline_loss(value_errors) / num_samples
     entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
-    total = pg_loss + flags.baseline_cost * baseline_loss + flags.entropy_cost * entropy_loss
+    total = pg_loss + flags.baseline_cost * baseline_loss + entropy_weight * entropy_loss
     stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
              "entropy_loss": entropy_loss.item(),
              "clip_fraction": clip_fraction(log_rhos, flags.pg_clip, mask)}  # fmt: skip
@@ -139,7 +158,7 @@ def normalized(advantages, mask=None):
     return scaled if mask is None else scaled * mask
 
 
-def gradients(flags, model, batch):
+def gradients(flags, model, batch, entropy_weight=None):
     """The gradients (one per parameter, in order) and the losses of one learner batch."""
-    loss, losses = compute_loss(flags, model, batch)
+    loss, losses = compute_loss(flags, model, batch, entropy_weight)
     return torch.autograd.grad(loss, list(model.parameters())), losses

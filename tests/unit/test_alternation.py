@@ -19,7 +19,8 @@ def flags(max_queued_batches):
     return SimpleNamespace(
         max_queued_batches=max_queued_batches, learner_passes=PASSES,
         learner_minibatches=MINIBATCHES, minibatch_steps=False, seed=0, unroll_length=2,
-        batch_size=2, virtual_batch_size=1, total_steps=10**6, warmup=0,
+        batch_size=2, virtual_batch_size=1, total_steps=10**6, warmup=0, entropy_cost=0.01,
+        entropy_cost_end=None,
         grad_norm_clipping=40.0, optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
     )  # fmt: skip
 
@@ -37,7 +38,9 @@ def a_turn_at_a_time(max_queued_batches):
     settings = flags(max_queued_batches)
     learner = AsyncLearner(settings, model)
 
-    def start(batch, sync_id):  # no thread: a started minibatch's gradients are ready at once
+    def start(
+        batch, sync_id, env_train_steps=0
+    ):  # no thread: a started minibatch's gradients are ready at once
         learner.finished = [torch.ones(1, 2), torch.ones(1)], sync_id
 
     learner.start = start

@@ -15,7 +15,7 @@ from examples.vtrace.learner import AsyncLearner, checked_gradients
 
 FLAGS = SimpleNamespace(
     learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, batch_size=1,
-    virtual_batch_size=1,
+    virtual_batch_size=1, total_steps=10**6, entropy_cost=0.01, entropy_cost_end=None,
 )  # fmt: skip
 
 
@@ -31,7 +31,7 @@ def test_each_batch_starts_on_the_live_weights_and_buffers(monkeypatch):
     learner = AsyncLearner(FLAGS, model)
     seen = []
 
-    def record(flags, model_copy, batch):
+    def record(flags, model_copy, batch, entropy_weight):
         seen.append({k: v.clone() for k, v in model_copy.state_dict().items()})
         return [], {}, True
 

@@ -13,6 +13,7 @@ FLAGS = SimpleNamespace(
     learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, unroll_length=20,
     batch_size=1,
     virtual_batch_size=1, total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
+    entropy_cost=0.01, entropy_cost_end=None,
     optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
 )  # fmt: skip
 
@@ -31,7 +32,9 @@ def test_one_turn_hands_over_steps_and_starts_the_next_minibatch():
     learner = AsyncLearner(FLAGS, model)
     started, weights_at_start = [], []
 
-    def start(batch, sync_id):  # no thread: a started batch's gradients are ready at once
+    def start(
+        batch, sync_id, env_train_steps=0
+    ):  # no thread: a started batch's gradients are ready at once
         started.append(batch)
         weights_at_start.append(model.weight.detach().clone())
         learner.finished = batch, sync_id

@@ -26,8 +26,8 @@ def flags(passes, minibatches=1):
     return SimpleNamespace(
         learner_passes=passes, learner_minibatches=minibatches, minibatch_steps=False, seed=0,
         unroll_length=20, batch_size=8, virtual_batch_size=8 // minibatches,
-        total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
-        optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
+        total_steps=10**6, warmup=0, grad_norm_clipping=40.0, entropy_cost=0.01,
+        entropy_cost_end=None, optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
     )  # fmt: skip
 
 
@@ -151,7 +151,9 @@ def learner_for_a_linear_model(batch_size=1, virtual=1):
     )
     learner = AsyncLearner(f, model)
     # No thread: a started batch is finished at once, its "gradients" being the batch itself.
-    learner.start = lambda batch, sync_id: setattr(learner, "finished", (batch, sync_id))
+    learner.start = lambda batch, sync_id, env_train_steps=0: setattr(
+        learner, "finished", (batch, sync_id)
+    )
     return learner
 
 

@@ -1,6 +1,6 @@
 """The V-trace loss's parts: normalize_advantages (mean 0, std 1 over a batch's real transitions,
-the filler steps of time-limit cuts left out and kept at 0), the clipped surrogate and
-clip_fraction."""
+the filler steps of time-limit cuts left out and kept at 0), the clipped surrogate,
+clip_fraction and the entropy cost's schedule."""
 
 import math
 
@@ -85,3 +85,52 @@ def test_clip_fraction_counts_the_ratios_outside_the_clip_range():
     mask = torch.tensor([[True, True, False], [True, True, True]])  # leaves out the 1.3
     assert clip_fraction(ratios.log(), 0.1, mask) == pytest.approx(1 / 5)
     assert math.isnan(clip_fraction(ratios.log(), 0.0))  # no clipped surrogate, nothing clipped
+
+
+def test_entropy_cost_goes_linearly_to_entropy_cost_end_at_total_steps():
+    from types import SimpleNamespace
+
+    from examples.vtrace.loss import entropy_cost
+
+    constant = SimpleNamespace(entropy_cost=0.02, entropy_cost_end=None, total_steps=1000)
+    assert [entropy_cost(constant, s) for s in (0, 500, 5000)] == [0.02] * 3
+    decaying = SimpleNamespace(entropy_cost=0.02, entropy_cost_end=0.005, total_steps=1000)
+    costs = [entropy_cost(decaying, s) for s in (0, 200, 500, 1000, 1500)]
+    assert costs == pytest.approx([0.02, 0.017, 0.0125, 0.005, 0.005])  # kept past total_steps
+
+
+def test_the_entropy_weight_given_replaces_entropy_cost_in_the_loss():
+    from types import SimpleNamespace
+
+    from examples.vtrace.loss import compute_loss
+
+    torch.manual_seed(0)
+    T, B, A = 5, 3, 4
+    model = torch.nn.Linear(2, A + 1)
+
+    def net(inputs, core_state):
+        out = model(inputs["state"])
+        return {"policy_logits": out[..., :A], "baseline": out[..., A]}, ()
+
+    batch = {"state": torch.randn(T + 1, B, 2), "done": torch.zeros(T + 1, B, dtype=torch.bool),
+             "reward": torch.randn(T + 1, B), "action": torch.randint(A, (T + 1, B)),
+             "policy_logits": torch.randn(T + 1, B, A)}  # fmt: skip
+    flags = SimpleNamespace(reward_clip=1.0, discounting=0.99, normalize_advantages=False,
+                            pg_clip=0.1, baseline_cost=0.5, entropy_cost=0.01,
+                            vtrace_lambda=1.0)  # fmt: skip
+    with torch.no_grad():
+        default, stats = compute_loss(flags, net, batch)
+        weighted, _ = compute_loss(flags, net, batch, entropy_weight=0.03)
+    torch.testing.assert_close(
+        weighted - default, (0.03 - 0.01) * torch.tensor(stats["entropy_loss"])
+    )
+
+
+def test_a_negative_entropy_cost_end_is_refused():
+    from omegaconf import OmegaConf
+
+    from examples.vtrace.config import ConfigError, ExperimentConfig, check_flags
+
+    with pytest.raises(ConfigError, match="entropy_cost_end"):
+        check_flags(OmegaConf.structured(ExperimentConfig(entropy_cost_end=-0.01)))
+    check_flags(OmegaConf.structured(ExperimentConfig(entropy_cost_end=0.0)))

@@ -18,7 +18,7 @@ from examples.vtrace.state import LearnerState
 FLAGS = SimpleNamespace(
     learner_passes=1, learner_minibatches=1, minibatch_steps=False, seed=0, unroll_length=20,
     batch_size=4,
-    virtual_batch_size=4, total_steps=10**6,
+    virtual_batch_size=4, total_steps=10**6, entropy_cost=0.01, entropy_cost_end=None,
     warmup=0, grad_norm_clipping=40.0,
     optimizer=SimpleNamespace(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
                               decay_steps=None),
@@ -106,7 +106,7 @@ def synchronous(learner):
     """The learner, computing each batch at once on start (no thread): every update() takes in
     the batch the previous one started."""
 
-    def start(batch, sync_id):
+    def start(batch, sync_id, env_train_steps=0):
         future = concurrent.futures.Future()
         future.set_result(learner_module.checked_gradients(FLAGS, learner.model_copy, batch))
         learner.running = future, sync_id
