@@ -47,6 +47,22 @@ def test_clipped_surrogate_gives_no_gradient_once_the_ratio_left_the_clip_range(
     torch.testing.assert_close(masked, -torch.tensor(0.5 + 1.2))
 
 
+def linear_net_and_batch(T=5, B=3, A=4):
+    """A linear actor-critic on 2 features, its forward as the models' (inputs, core_state) ->
+    (outputs, core_state), and a learner batch [T+1, B] of random steps and acting logits."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, A + 1)
+
+    def net(inputs, core_state):
+        out = model(inputs["state"])
+        return {"policy_logits": out[..., :A], "baseline": out[..., A]}, ()
+
+    batch = {"state": torch.randn(T + 1, B, 2), "done": torch.zeros(T + 1, B, dtype=torch.bool),
+             "reward": torch.randn(T + 1, B), "action": torch.randint(A, (T + 1, B)),
+             "policy_logits": torch.randn(T + 1, B, A)}  # fmt: skip
+    return model, net, batch
+
+
 def test_pg_clip_loss_equals_the_policy_gradient_on_policy():
     """With the actor's own policy (ratio 1), PPO's surrogate and V-trace's policy gradient have
     the same gradient: pg_clip changes the passes after the first, not the first one."""
@@ -54,20 +70,9 @@ def test_pg_clip_loss_equals_the_policy_gradient_on_policy():
 
     from examples.vtrace.loss import compute_loss
 
-    torch.manual_seed(0)
-    T, B, A = 5, 3, 4
-    model = torch.nn.Linear(2, A + 1)
-
-    def net(inputs, core_state):
-        out = model(inputs["state"])
-        return {"policy_logits": out[..., :A], "baseline": out[..., A]}, ()
-
-    state = torch.randn(T + 1, B, 2)
-    with torch.no_grad():
-        behaviour = net({"state": state}, ())[0]["policy_logits"]
-    batch = {"state": state, "done": torch.zeros(T + 1, B, dtype=torch.bool),
-             "reward": torch.randn(T + 1, B), "action": torch.randint(A, (T + 1, B)),
-             "policy_logits": behaviour}  # fmt: skip
+    model, net, batch = linear_net_and_batch()
+    with torch.no_grad():  # the batch acted by the net itself
+        batch["policy_logits"] = net(batch, ())[0]["policy_logits"]
     grads = []
     for pg_clip in (0.0, 0.2):
         flags = SimpleNamespace(reward_clip=1.0, discounting=0.99, normalize_advantages=True,
@@ -104,17 +109,7 @@ def test_the_entropy_weight_given_replaces_entropy_cost_in_the_loss():
 
     from examples.vtrace.loss import compute_loss
 
-    torch.manual_seed(0)
-    T, B, A = 5, 3, 4
-    model = torch.nn.Linear(2, A + 1)
-
-    def net(inputs, core_state):
-        out = model(inputs["state"])
-        return {"policy_logits": out[..., :A], "baseline": out[..., A]}, ()
-
-    batch = {"state": torch.randn(T + 1, B, 2), "done": torch.zeros(T + 1, B, dtype=torch.bool),
-             "reward": torch.randn(T + 1, B), "action": torch.randint(A, (T + 1, B)),
-             "policy_logits": torch.randn(T + 1, B, A)}  # fmt: skip
+    _, net, batch = linear_net_and_batch()
     flags = SimpleNamespace(reward_clip=1.0, discounting=0.99, normalize_advantages=False,
                             pg_clip=0.1, baseline_cost=0.5, entropy_cost=0.01,
                             vtrace_lambda=1.0)  # fmt: skip
