@@ -43,16 +43,16 @@ NETSCALING = "netscaling"
 # thread sleeps while idle (OMP_WAIT_POLICY, examples/vtrace/__init__.py); acting's forward
 # passes on one. `--set` tries others.
 VTRACE_SETTINGS = {
-    "actor_batch_size": 4,
+    "actor_batch_size": 16,
     "num_actor_batches": 2,
     "num_actor_cpus": 2,
-    "batch_size": 8,
-    "unroll_length": 128,
+    "batch_size": 32,
+    "unroll_length": 32,
     "max_queued_batches": 0,
     "learner_minibatches": 4,
-    "learner_passes": 4,
+    "learner_passes": 3,
     "minibatch_steps": True,
-    "virtual_batch_size": 2,
+    "virtual_batch_size": 8,
     "env.repeat_action_probability": 0.0,
     "env.episodic_life": True,
     "pg_clip": 0.1,

@@ -43,7 +43,9 @@ def test_every_preset_passes_the_flag_checks(preset):
 
 def test_atari_cpu_preset_keeps_atari():
     flags = config("preset=atari_cpu", "env.name=ALE/Breakout-v5")
-    assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 4
+    assert flags.env.name == "ALE/Breakout-v5" and flags.actor_batch_size == 16
+    # CleanRL's PPO batch of 1,024 samples, from 32 envs x 32 steps.
+    assert flags.batch_size * flags.unroll_length == 1024 and flags.learner_passes == 3
     # PPO's way of learning: acting waits for learning, minibatches of single steps.
     assert flags.max_queued_batches == 0 and flags.minibatch_steps and flags.pg_clip == 0.1
     # A lost life ends the learner's returns, as in the PPO runs its Breakout is compared with.
