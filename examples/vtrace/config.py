@@ -188,6 +188,13 @@ def check_flags(flags):
         check_env_name(flags.env.name)
     except ValueError as e:
         raise ConfigError(f"env.name: {e}") from None
+    check_numbers(flags)
+    check_choices(flags)
+    check_learner_batches(flags)
+
+
+def check_numbers(flags):
+    """Each number in its range, and the envs enough for the actor processes."""
     for keys, kind in [(POSITIVE_INTEGERS, "integer"), (POSITIVE_NUMBERS, "number")]:
         for key in keys:
             value = OmegaConf.select(flags, key)
@@ -227,6 +234,10 @@ def check_flags(flags):
         raise ConfigError(
             f"pg_clip must be in [0, 1) (0 = off, PPO uses 0.1-0.3), got {flags.pg_clip}"
         )
+
+
+def check_choices(flags):
+    """Keys that name one of a few choices."""
     if flags.precision not in ("auto", *PRECISIONS):
         raise ConfigError(f"precision must be auto, fp32 or bf16, got {flags.precision!r}")
     if flags.atari_net not in ATARI_NETS:
@@ -237,6 +248,10 @@ def check_flags(flags):
         raise ConfigError(
             f"center_frames_on must be one of {names}, got {flags.center_frames_on!r}"
         )
+
+
+def check_learner_batches(flags):
+    """How learner batches are cut into minibatches and optimizer steps."""
     if flags.batch_size % flags.learner_minibatches:
         raise ConfigError(
             f"batch_size ({flags.batch_size}) must be a multiple of learner_minibatches "
