@@ -105,13 +105,14 @@ def from_importance_weights(
     deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
 
     # vs_s - V(x_s) = delta_s + gamma_s c_s (vs_{s+1} - V(x_{s+1})), and vs_T - V(x_T) = 0.
-    # Running the recursion backwards makes it O(T) instead of the O(T^2) double sum.
+    # Running the recursion backwards makes it O(T) instead of the O(T^2) double sum; one
+    # kernel per step (MinAtar's small batches spend their time dispatching these).
+    decays = discounts * cs
+    vs_minus_v_xs = torch.empty_like(deltas)
     acc = torch.zeros_like(bootstrap_value)
-    vs_minus_v_xs = []
     for t in reversed(range(log_rhos.shape[0])):
-        acc = deltas[t] + discounts[t] * cs[t] * acc
-        vs_minus_v_xs.append(acc)
-    vs = torch.stack(vs_minus_v_xs[::-1], dim=0) + values
+        acc = torch.addcmul(deltas[t], decays[t], acc, out=vs_minus_v_xs[t])
+    vs = vs_minus_v_xs + values
 
     # The policy gradient bootstraps from vs_{s+1} (a better estimate than V(x_{s+1})).
     vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
