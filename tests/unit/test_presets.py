@@ -31,6 +31,17 @@ def test_minatar_preset():
     assert flags.total_steps == 5_000_000 and flags.reward_clip == 0
 
 
+def test_minatar_preset_looks_far_ahead_and_explores_less_as_it_learns():
+    from examples.vtrace.loss import entropy_cost
+
+    flags = config("preset=minatar")
+    # Seaquest's surfacing pays off over the next ~200 steps (docs/results.md).
+    assert flags.discounting == 0.995
+    start, middle, end = (entropy_cost(flags, s * flags.total_steps) for s in (0, 0.5, 1))
+    assert start == pytest.approx(0.03) and end == pytest.approx(0.003)
+    assert middle == pytest.approx((start + end) / 2)
+
+
 def test_command_line_beats_the_preset():
     flags = config("preset=minatar", "batch_size=32", "optimizer.learning_rate=0.01")
     assert flags.batch_size == 32 and flags.optimizer.learning_rate == 0.01
