@@ -5,6 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from examples.vtrace.config import CONFIG_DIR, check_flags  # also registers the schema
+from examples.vtrace.loss import entropy_cost
 
 PRESETS = sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml"))
 
@@ -32,8 +33,6 @@ def test_minatar_preset():
 
 
 def test_minatar_preset_looks_far_ahead_and_explores_less_as_it_learns():
-    from examples.vtrace.loss import entropy_cost
-
     flags = config("preset=minatar")
     # Seaquest's surfacing pays off over the next ~200 steps (docs/results.md).
     assert flags.discounting == 0.995
