@@ -15,6 +15,7 @@ import weakref
 import gymnasium as gym
 import numpy as np
 
+from examples.common import minatar_speedup
 from examples.common.atari import AtariFrames
 
 ATARI_PREFIX = "ALE/"
@@ -197,6 +198,8 @@ def make_env(
         env = AtariFrames(env, noop_max=noop_max, frame_skip=num_action_repeats)
     else:
         env = gym.make(name, render_mode=render_mode)
+        if name.startswith(MINATAR_PREFIX):
+            minatar_speedup.install()  # gym.make has imported minatar
     if seed is not None:
         env.action_space.seed(seed)
     return env
