@@ -2,11 +2,12 @@
 
 On its 10x10 grids numpy's Python-level wrappers cost more than the work: ``np.roll`` (two or
 three calls a step, bullets and aliens) and ``np.sum`` (its dispatch through
-``_wrapreduction``). They made SpaceInvaders' env worker the busiest of the five games
-(docs/results.md). MinAtar's game modules look ``np`` up in their own namespace at each call, so
-``install()`` gives the SpaceInvaders module a numpy whose ``roll`` slices and concatenates and
-whose ``sum`` goes straight to the array's method; everything else is numpy itself. The games
-are the same: tests/unit/test_minatar_speedup.py replays seeded episodes both ways.
+``_wrapreduction``) are about a sixth of the CPU time of a step of SpaceInvaders, the game whose
+env worker is the busiest of the five (docs/results.md). MinAtar's game modules look ``np``
+up in their own namespace at each call, so ``install()`` gives the SpaceInvaders module a numpy
+whose ``roll`` slices and concatenates and whose ``sum`` goes straight to the array's method;
+everything else is numpy itself. The games are the same: tests/unit/test_minatar_speedup.py
+replays seeded episodes both ways.
 """
 
 import types
