@@ -15,7 +15,6 @@ import weakref
 import gymnasium as gym
 import numpy as np
 
-from examples.common import minatar_speedup
 from examples.common.atari import AtariFrames
 
 ATARI_PREFIX = "ALE/"
@@ -197,9 +196,12 @@ def make_env(
         )
         env = AtariFrames(env, noop_max=noop_max, frame_skip=num_action_repeats)
     else:
-        env = gym.make(name, render_mode=render_mode)
         if name.startswith(MINATAR_PREFIX):
-            minatar_speedup.install()  # gym.make has imported minatar
+            # Here, not at the top: it imports minatar, which other envs need not pay for.
+            from examples.common import minatar_speedup
+
+            minatar_speedup.install()  # before gym.make builds the game
+        env = gym.make(name, render_mode=render_mode)
     if seed is not None:
         env.action_space.seed(seed)
     return env
