@@ -53,7 +53,9 @@ def peer_processes(launcher):
 @pytest.mark.slow
 def test_local_launcher_starts_peers_that_train_together(children, broker, tmp_path):
     savedir = tmp_path / "group"
-    total = 60000
+    # Long enough that the first peer cannot finish alone while submitit still starts the
+    # second (60k steps did once in CI: neither log ever showed two peers).
+    total = 200_000
     args = sweep(
         broker, savedir, "hydra/launcher=local", "peer=range(2)",
         # Stats are all-reduced once per log interval: short intervals, for a short run.
