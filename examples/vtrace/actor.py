@@ -1,6 +1,8 @@
 """The acting side of a V-trace peer: the model acts on EnvPool's batches of envs in turn, and
 their steps are cut into unrolls of T+1 steps that the learner takes in batches."""
 
+import collections
+
 import moolib
 import torch
 
@@ -16,8 +18,15 @@ def use_acting_threads(flags):
 
 class Actor:
     """Acts on one batch of envs per `step()` while the other batches step in the EnvPool's
-    worker processes, and keeps, for every batch, its core state, its unroll so far, and the
-    running return of each of its episodes."""
+    worker processes, and keeps, for every batch, its core state, its last T+1 steps, and the
+    running return of each of its episodes.
+
+    Each actor batch is cut into groups of learner-batch size whose unrolls end at different
+    steps (unroll_phases): the learner's batches then come one at a time, evenly spaced, not
+    all of an actor batch's at once. A burst of several batches filled the learner's queue, so
+    acting waited while the learner worked through it, and the learner then waited while acting
+    made the next burst (in idle MinAtar runs the learner was busy 71% of the time, 86% with the
+    groups: docs/results.md)."""
 
     def __init__(self, flags, envs, model, device, workers=None):
         self.workers = workers
@@ -26,11 +35,15 @@ class Actor:
         self.device = device
         self.use_lstm = flags.use_lstm
         self.batch_size = flags.actor_batch_size
-        self.unroll_steps = flags.unroll_length + 1
+        self.unroll_length = flags.unroll_length
         batch_size, num_batches = flags.actor_batch_size, flags.num_actor_batches
         self.core_states = [model.initial_state(batch_size) for _ in range(num_batches)]
-        self.unrolls = [[] for _ in range(num_batches)]
-        self.unroll_core_states = list(self.core_states)  # before each unroll's first step
+        # Each batch's last T+1 steps, each with the core state from before it.
+        self.windows = [
+            collections.deque(maxlen=self.unroll_length + 1) for _ in range(num_batches)
+        ]
+        self.steps_taken = [0] * num_batches
+        self.group_size, self.phases = unroll_phases(flags)
         self.episode_returns = torch.zeros(num_batches, batch_size)
         no_action = torch.zeros(batch_size, dtype=torch.int64)
         self.futures = [envs.step(i, no_action) for i in range(num_batches)]
@@ -38,7 +51,8 @@ class Actor:
         self.stats = Stats()  # env steps and finished episodes' returns, since the last take
 
     def step(self):
-        """Act on the next batch of envs; returns its unroll when that is complete, else None."""
+        """Act on the next batch of envs; returns the unrolls ([T+1, group_size, ...]) of the
+        groups of its envs whose unroll this step completes (usually one or none)."""
         i = self.current
         self.current = (i + 1) % len(self.futures)
         # Copy out of the shared memory that the next step of this batch overwrites.
@@ -57,20 +71,25 @@ class Actor:
         step["policy_logits"] = logits
         self._count_episodes(i, env_out["reward"], env_out["done"])
 
-        core_before = self.core_states[i]
+        self.windows[i].append((step, self.core_states[i]))
         self.core_states[i] = core_after
-        if not self.unrolls[i]:
-            self.unroll_core_states[i] = core_before
-        self.unrolls[i].append(step)
-        if len(self.unrolls[i]) < self.unroll_steps:
-            return None
-        steps = self.unrolls[i]
-        unroll = {key: torch.stack([s[key] for s in steps]) for key in steps[0]}
+        taken = self.steps_taken[i]
+        self.steps_taken[i] += 1
+        # A group's unrolls end at steps phase + T, phase + 2T, ...; each one's last step starts
+        # the next. (Its first `phase` steps are in no unroll.)
+        T = self.unroll_length
+        return [
+            self._unroll(i, group)
+            for group, phase in enumerate(self.phases[i])
+            if taken >= phase + T and (taken - phase) % T == 0
+        ]
+
+    def _unroll(self, i, group):
+        envs = slice(group * self.group_size, (group + 1) * self.group_size)
+        window = self.windows[i]
+        unroll = {key: torch.stack([s[key] for s, _ in window])[:, envs] for key in window[0][0]}
         if self.use_lstm:
-            unroll["core_state"] = self.unroll_core_states[i]
-        # The last step of an unroll starts the next one, with the core state it had.
-        self.unrolls[i] = steps[-1:]
-        self.unroll_core_states[i] = core_before
+            unroll["core_state"] = tuple(c[:, envs] for c in window[0][1])
         return unroll
 
     def _count_episodes(self, i, reward, done):
@@ -84,6 +103,26 @@ class Actor:
         """The stats gathered since the last call."""
         stats, self.stats = self.stats, Stats()
         return stats
+
+
+def unroll_phases(flags):
+    """The envs per emitted unroll, and for every actor batch, the step (0 to T-1) at which each
+    group of its envs starts its first unroll: batch_size envs to a group when that divides
+    actor_batch_size (else the whole actor batch), and the phases of all the groups of all the
+    batches spread evenly over the T * num_actor_batches acting steps in which every group
+    completes one unroll (batch b acts on every num_actor_batches-th step, from step b)."""
+    T, num_batches = flags.unroll_length, flags.num_actor_batches
+    fits = flags.actor_batch_size % flags.batch_size == 0
+    group_size = flags.batch_size if fits else flags.actor_batch_size
+    groups = flags.actor_batch_size // group_size
+    phases = [
+        [
+            round((g * num_batches + b) * T / groups / num_batches - b / num_batches) % T
+            for g in range(groups)
+        ]
+        for b in range(num_batches)
+    ]
+    return group_size, phases
 
 
 class LearnerQueue:

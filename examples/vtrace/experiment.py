@@ -127,17 +127,18 @@ def stop_on_signals():
 
 
 def act(actor, queue, log, group_stats):
-    """One step of the actor; a finished unroll goes to the learner's queue (or is dropped and
+    """One step of the actor; its finished unrolls go to the learner's queue (or are dropped and
     counted when the queue is full: acting only goes on then to keep the env workers alive)."""
-    unroll = actor.step()
+    unrolls = actor.step()
     stats = actor.take_stats()
     log.add(stats)
     if group_stats is not None:  # None before the group is joined
         group_stats.add(stats)
-    if unroll is not None and queue.full():
-        log.count("dropped_unrolls")
-    elif unroll is not None:
-        queue.put(unroll, actor.batch_size)
+    for unroll in unrolls:
+        if queue.full():
+            log.count("dropped_unrolls")
+        else:
+            queue.put(unroll, actor.group_size)
 
 
 def learn(flags, learner, accumulator, group, queue, state, log):
