@@ -50,9 +50,11 @@ class Actor:
         self.current = 0  # the batch to act on next
         self.stats = Stats()  # env steps and finished episodes' returns, since the last take
 
-    def step(self):
+    def step(self, model_version=0):
         """Act on the next batch of envs; returns the unrolls ([T+1, group_size, ...]) of the
-        groups of its envs whose unroll this step completes (usually one or none)."""
+        groups of its envs whose unroll this step completes (usually one or none). Each step
+        carries `model_version` (the weights' version that acts now) as its `acting_version`,
+        from which the learner tells how far its weights are ahead of the ones that acted."""
         i = self.current
         self.current = (i + 1) % len(self.futures)
         # Copy out of the shared memory that the next step of this batch overwrites.
@@ -69,6 +71,7 @@ class Actor:
         self.futures[i] = self.envs.step(i, action.cpu())
         step["action"] = action
         step["policy_logits"] = logits
+        step["acting_version"] = torch.full_like(action, model_version)
         self._count_episodes(i, env_out["reward"], env_out["done"])
 
         self.windows[i].append((step, self.core_states[i]))

@@ -126,10 +126,11 @@ def stop_on_signals():
     return stop
 
 
-def act(actor, queue, log, group_stats):
-    """One step of the actor; its finished unrolls go to the learner's queue (or are dropped and
-    counted when the queue is full: acting only goes on then to keep the env workers alive)."""
-    unrolls = actor.step()
+def act(actor, queue, log, group_stats, model_version=0):
+    """One step of the actor, by the weights of `model_version`; its finished unrolls go to the
+    learner's queue (or are dropped and counted when the queue is full: acting only goes on then
+    to keep the env workers alive)."""
+    unrolls = actor.step(model_version)
     stats = actor.take_stats()
     log.add(stats)
     if group_stats is not None:  # None before the group is joined
@@ -279,7 +280,7 @@ def train(flags, device, preemption=None):
         if not queue.waits_for(learner) or now - last_act >= KEEP_ENVS_ALIVE_S:
             last_act = now
             try:
-                act(actor, queue, log, group_stats)
+                act(actor, queue, log, group_stats, accumulator.model_version())
             except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
                 fatal = f"{e}; restart this peer to resume"
                 stop.append("an env worker died")
@@ -293,7 +294,9 @@ def train(flags, device, preemption=None):
         if state.env_train_steps >= flags.total_steps:
             stop.append(f"total_steps={flags.total_steps} reached")
         if log.due(now) or stop:
-            row = progress(state, accumulator, group, {**optimizer_stats, **learner.losses})
+            learner_stats = {**optimizer_stats, **learner.losses,
+                             "policy_lag": learner.take_policy_lag()}  # fmt: skip
+            row = progress(state, accumulator, group, learner_stats)
             log.write(now, {**row, "time": now - start}, leader=accumulator.get_leader())
         checkpoints.update(now, state, accumulator)
         if queue.waits_for(learner):

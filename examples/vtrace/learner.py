@@ -141,6 +141,9 @@ class AsyncLearner:
         # Batches whose gradients were not finite and were kept from the group: in a row, and
         # since the last take_nonfinite_count().
         self.nonfinite_in_a_row, self.nonfinite = 0, 0
+        # The mean acting version of the current batch's learned steps, and the policy lag of
+        # each minibatch started since the last take_policy_lag().
+        self.acting_version, self.lags = None, []
 
     def idle(self):
         return self.running is None and self.finished is None
@@ -216,6 +219,8 @@ class AsyncLearner:
             batch = self.next_batch(queue)
             if batch is not None:
                 self.start(batch, sync_id, env_train_steps)
+                if self.acting_version is not None:
+                    self.lags.append(accumulator.model_version() - self.acting_version)
         if (
             (self.finished is None or not may_reduce)
             and accumulator.wants_gradients()
@@ -229,6 +234,14 @@ class AsyncLearner:
             # the loop took a third of the GIL's time on Atari.
             accumulator.skip_gradients()
         return dropped
+
+    def take_policy_lag(self):
+        """The mean policy lag of the minibatches started since the last call (NaN if none):
+        how many optimizer steps the weights that learned from them were ahead of the weights
+        that acted their steps. V-trace corrects for the lag; the more there is, the more of
+        its importance weights are clipped and the less each step can teach."""
+        lags, self.lags = self.lags, []
+        return torch.stack(lags).mean().item() if lags else math.nan
 
     def take_nonfinite_count(self):
         count, self.nonfinite = self.nonfinite, 0
@@ -244,7 +257,12 @@ class AsyncLearner:
             if self.passes_left == 0:
                 if not queue.ready():
                     return None
-                self.last_batch = frames_for_encode(self.model, queue.get())
+                batch = queue.get()
+                # The last step's action is learned in the next unroll, not this one. Batches
+                # made by hand (the tests') may carry no versions: no lag is counted for them.
+                versions = batch.pop("acting_version", None) if isinstance(batch, dict) else None
+                self.acting_version = None if versions is None else versions[:-1].float().mean()
+                self.last_batch = frames_for_encode(self.model, batch)
                 if self.flags.minibatch_steps:
                     self.last_batch = StepMinibatches(self.last_batch, self.shuffle)
                 self.passes_left = self.flags.learner_passes

@@ -42,7 +42,7 @@ COLUMNS = [
     "global_mean_episode_return", "episodes", "SPS", "local_env_steps", "global_env_steps",
     "virtual_batch_size", "peers", "is_leader", "lr", "grad_norm", "pg_loss", "baseline_loss",
     "entropy_loss", "dropped_unrolls", "dropped_batches", "time", "skipped_steps",
-    "nonfinite_batches", "clip_fraction",
+    "nonfinite_batches", "clip_fraction", "policy_lag",
 ]  # fmt: skip
 
 

@@ -3,54 +3,11 @@ different steps: each env's steps still come as unrolls of T+1 consecutive steps
 one, with the core state from before their first step, and the learner's batches come evenly
 spaced instead of an actor batch's worth at once."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from examples.vtrace.actor import Actor, unroll_phases
-
-
-class CountingEnvs:
-    """EnvPool's interface (step(batch, actions) -> a future) over envs whose observation is
-    (env, step count): every step of every env can be told apart in an unroll."""
-
-    def __init__(self, batch_size, num_batches):
-        self.batch_size = batch_size
-        self.counts = [0] * num_batches
-
-    def step(self, i, actions):
-        assert actions.shape == (self.batch_size,)
-        count, self.counts[i] = self.counts[i], self.counts[i] + 1
-        envs = torch.arange(self.batch_size) + i * self.batch_size
-        state = torch.stack([envs, torch.full_like(envs, count)], dim=1).float()
-        done = torch.zeros(self.batch_size, dtype=torch.bool)
-        reward = torch.zeros(self.batch_size)
-        return SimpleNamespace(result=lambda: {"state": state, "done": done, "reward": reward})
-
-
-class StepCountingModel(torch.nn.Module):
-    """Uniform logits; with use_lstm its core state counts the steps it has acted on, so the
-    core state an unroll carries tells which step it came before."""
-
-    def __init__(self, use_lstm):
-        super().__init__()
-        self.use_lstm = use_lstm
-
-    def initial_state(self, batch_size):
-        return (torch.zeros(1, batch_size, 1),) if self.use_lstm else ()
-
-    def forward(self, inputs, core_state=()):
-        batch = inputs["state"].shape[1]
-        outputs = {"policy_logits": torch.zeros(1, batch, 2), "baseline": torch.zeros(1, batch)}
-        return outputs, tuple(c + 1 for c in core_state)
-
-
-def flags(actor_batch_size, batch_size, num_actor_batches=2, unroll_length=4, use_lstm=False):
-    return SimpleNamespace(
-        actor_batch_size=actor_batch_size, batch_size=batch_size,
-        num_actor_batches=num_actor_batches, unroll_length=unroll_length, use_lstm=use_lstm,
-    )  # fmt: skip
+from tests.acting_fakes import CountingEnvs, StepCountingModel, actor_flags
 
 
 def acted(settings, acts):
@@ -66,7 +23,7 @@ def acted(settings, acts):
 def test_every_env_gives_overlapping_unrolls_of_consecutive_steps(
     actor_batch_size, batch_size, use_lstm
 ):
-    settings = flags(actor_batch_size, batch_size, use_lstm=use_lstm)
+    settings = actor_flags(actor_batch_size, batch_size, use_lstm=use_lstm)
     T = settings.unroll_length
     unrolls, actor = acted(settings, 200)
     envs_total = actor_batch_size * settings.num_actor_batches
@@ -91,7 +48,7 @@ def test_every_env_gives_overlapping_unrolls_of_consecutive_steps(
 def test_learner_batches_come_evenly_spaced():
     """MinAtar's preset: 2 actor batches of 32 envs, learner batches of 8, T = 20. In every
     40 acts each of the 8 groups completes one unroll, one every 5 acts."""
-    settings = flags(32, 8, unroll_length=20)
+    settings = actor_flags(32, 8, unroll_length=20)
     unrolls, _ = acted(settings, 400)
     acts = [n for n, _ in unrolls]
     assert len(acts) == len(set(acts))  # never two at once
@@ -103,10 +60,10 @@ def test_learner_batches_come_evenly_spaced():
 def test_one_group_per_actor_batch_still_staggers_the_batches():
     """When batch_size does not divide actor_batch_size, a whole actor batch is one group; the
     actor batches' unrolls still end about half an unroll apart, not on consecutive acts."""
-    group_size, phases = unroll_phases(flags(6, 4, unroll_length=20))
+    group_size, phases = unroll_phases(actor_flags(6, 4, unroll_length=20))
     assert group_size == 6
     assert phases == [[0], [10]]
-    settings = flags(6, 4, unroll_length=20)
+    settings = actor_flags(6, 4, unroll_length=20)
     acts = [n for n, _ in acted(settings, 200)[0]]
     gaps = {later - earlier for earlier, later in zip(acts[:-1], acts[1:], strict=True)}
     assert gaps <= {19, 20, 21}
@@ -114,7 +71,7 @@ def test_one_group_per_actor_batch_still_staggers_the_batches():
 
 def test_more_groups_than_steps_are_all_returned():
     """More groups than steps in an unroll: some end on the same step, and all come back."""
-    settings = flags(16, 1, unroll_length=4)
+    settings = actor_flags(16, 1, unroll_length=4)
     assert len({p for phases in unroll_phases(settings)[1] for p in phases}) <= 4
     unrolls, _ = acted(settings, 80)
     per_act = {}
