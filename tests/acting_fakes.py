@@ -41,8 +41,12 @@ class StepCountingModel(torch.nn.Module):
         return outputs, tuple(c + 1 for c in core_state)
 
 
-def actor_flags(actor_batch_size, batch_size, num_actor_batches=2, unroll_length=4, use_lstm=False):
+def actor_flags(
+    actor_batch_size, batch_size, num_actor_batches=2, unroll_length=4, use_lstm=False,
+    unroll_groups=True,
+):  # fmt: skip
     return SimpleNamespace(
         actor_batch_size=actor_batch_size, batch_size=batch_size,
         num_actor_batches=num_actor_batches, unroll_length=unroll_length, use_lstm=use_lstm,
+        unroll_groups=unroll_groups,
     )  # fmt: skip

@@ -21,12 +21,12 @@ class Actor:
     worker processes, and keeps, for every batch, its core state, its last T+1 steps, and the
     running return of each of its episodes.
 
-    Each actor batch is cut into groups of learner-batch size whose unrolls end at different
-    steps (unroll_phases): the learner's batches then come one at a time, evenly spaced, not
-    all of an actor batch's at once. A burst of several batches filled the learner's queue, so
-    acting waited while the learner worked through it, and the learner then waited while acting
-    made the next burst (in idle MinAtar runs the learner was busy 71% of the time, 86% with the
-    groups: docs/results.md)."""
+    With unroll_groups, each actor batch is cut into groups of learner-batch size whose unrolls
+    end at different steps (unroll_phases): the learner's batches then come one at a time,
+    evenly spaced, not all of an actor batch's at once. A burst of several batches fills the
+    learner's queue, so acting waits while the learner works through it, and the learner then
+    waits while acting makes the next burst (in idle MinAtar runs the learner was busy 71% of
+    the time, 86% with the groups: docs/results.md)."""
 
     def __init__(self, flags, envs, model, device, workers=None):
         self.workers = workers
@@ -110,11 +110,14 @@ class Actor:
 
 def unroll_phases(flags):
     """The envs per emitted unroll, and for every actor batch, the step (0 to T-1) at which each
-    group of its envs starts its first unroll: batch_size envs to a group when that divides
-    actor_batch_size (else the whole actor batch), and the phases of all the groups of all the
-    batches spread evenly over the T * num_actor_batches acting steps in which every group
-    completes one unroll (batch b acts on every num_actor_batches-th step, from step b)."""
+    group of its envs starts its first unroll. Without unroll_groups: the whole actor batch, from
+    step 0. With: batch_size envs to a group when that divides actor_batch_size (else the whole
+    actor batch), and the phases of all the groups of all the batches spread evenly over the
+    T * num_actor_batches acting steps in which every group completes one unroll (batch b acts
+    on every num_actor_batches-th step, from step b)."""
     T, num_batches = flags.unroll_length, flags.num_actor_batches
+    if not flags.unroll_groups:
+        return flags.actor_batch_size, [[0] for _ in range(num_batches)]
     fits = flags.actor_batch_size % flags.batch_size == 0
     group_size = flags.batch_size if fits else flags.actor_batch_size
     groups = flags.actor_batch_size // group_size

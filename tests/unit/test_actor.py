@@ -1,7 +1,8 @@
-"""The actor cuts every actor batch into groups of learner-batch size whose unrolls end at
-different steps: each env's steps still come as unrolls of T+1 consecutive steps that overlap by
-one, with the core state from before their first step, and the learner's batches come evenly
-spaced instead of an actor batch's worth at once."""
+"""Each env's steps come as unrolls of T+1 consecutive steps that overlap by one, with the core
+state from before their first step. Without unroll_groups an actor batch's unrolls all end on
+the same step; with them, the actor cuts every actor batch into groups of learner-batch size whose
+unrolls end at different steps, and the learner's batches come evenly spaced instead of an actor
+batch's worth at once."""
 
 import pytest
 import torch
@@ -18,12 +19,14 @@ def acted(settings, acts):
     return [(n, unroll) for n in range(acts) for unroll in actor.step()], actor
 
 
+@pytest.mark.parametrize("unroll_groups", [True, False])
 @pytest.mark.parametrize("use_lstm", [False, True])
 @pytest.mark.parametrize("actor_batch_size,batch_size", [(8, 2), (8, 8), (6, 4), (16, 2)])
 def test_every_env_gives_overlapping_unrolls_of_consecutive_steps(
-    actor_batch_size, batch_size, use_lstm
+    actor_batch_size, batch_size, use_lstm, unroll_groups
 ):
-    settings = actor_flags(actor_batch_size, batch_size, use_lstm=use_lstm)
+    settings = actor_flags(actor_batch_size, batch_size, use_lstm=use_lstm,
+                           unroll_groups=unroll_groups)  # fmt: skip
     T = settings.unroll_length
     unrolls, actor = acted(settings, 200)
     envs_total = actor_batch_size * settings.num_actor_batches
@@ -55,6 +58,18 @@ def test_learner_batches_come_evenly_spaced():
     gaps = {later - earlier for earlier, later in zip(acts[:-1], acts[1:], strict=True)}
     assert gaps <= {4, 5, 6}, gaps
     assert len(acts) >= 400 // 5 - 8
+
+
+def test_without_groups_each_actor_batch_gives_all_its_unrolls_at_once():
+    """unroll_groups=false: every T acts of a batch, its whole batch of unrolls, the two actor
+    batches on consecutive acts (the bursts the groups spread out)."""
+    settings = actor_flags(32, 8, unroll_length=20, unroll_groups=False)
+    unrolls, actor = acted(settings, 200)
+    assert actor.group_size == 32
+    acts = [n for n, _ in unrolls]
+    # Batch 0 acts on even acts, batch 1 on odd ones: each completes its first unroll at its 21st
+    # act (T + 1 steps), then one every 20 of its own acts.
+    assert acts == [n for k in range(1, 5) for n in (40 * k, 40 * k + 1)]
 
 
 def test_one_group_per_actor_batch_still_staggers_the_batches():
