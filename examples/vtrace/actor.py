@@ -90,7 +90,8 @@ class Actor:
     def _unroll(self, i, group):
         envs = slice(group * self.group_size, (group + 1) * self.group_size)
         window = self.windows[i]
-        unroll = {key: torch.stack([s[key] for s, _ in window])[:, envs] for key in window[0][0]}
+        # Only the group's envs are stacked: with groups, the rest of the batch is not due yet.
+        unroll = {key: torch.stack([s[key][envs] for s, _ in window]) for key in window[0][0]}
         if self.use_lstm:
             unroll["core_state"] = tuple(c[:, envs] for c in window[0][1])
         return unroll
