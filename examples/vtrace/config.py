@@ -85,8 +85,9 @@ class ExperimentConfig:
     # different steps, so the learner's batches come one at a time instead of an actor batch's
     # worth at once: the learner waits less (a MinAtar run alone: 7.0 -> 5.9 minutes), but acting
     # waits less for it too, and the policy that acted lags further behind (SpaceInvaders: 8.3
-    # -> 10.7 optimizer steps) and learned slower early (docs/results.md). When batch_size does
-    # not divide actor_batch_size, each whole actor batch is one group.
+    # -> 10.7 optimizer steps) and learned slower early (docs/results.md). preset=minatar has
+    # them, with 128 envs and max_queued_batches=1. When batch_size does not divide
+    # actor_batch_size, each whole actor batch is one group.
     unroll_groups: bool = False
     learner_passes: int = 1  # optimizer steps per learner batch (2: learn from every batch twice)
     # >1: every pass over a learner batch is that many optimizer steps, each on batch_size /

@@ -42,6 +42,14 @@ def test_minatar_preset_looks_far_ahead_and_explores_less_as_it_learns():
     assert middle == pytest.approx((start + end) / 2)
 
 
+def test_minatar_preset_acts_for_128_envs_in_groups_of_one_learner_batch():
+    flags = config("preset=minatar")
+    assert flags.actor_batch_size * flags.num_actor_batches == 128
+    assert flags.unroll_groups and flags.actor_batch_size % flags.batch_size == 0
+    # acting waits once one learner batch is queued (a Seaquest seed stalled with two)
+    assert flags.max_queued_batches == 1
+
+
 def test_command_line_beats_the_preset():
     flags = config("preset=minatar", "batch_size=32", "optimizer.learning_rate=0.01")
     assert flags.batch_size == 32 and flags.optimizer.learning_rate == 0.01
