@@ -8,6 +8,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from examples.common.torchscript import compiled
+
 
 class VTraceReturns(NamedTuple):
     vs: torch.Tensor  # [T, B] V-trace value targets
@@ -26,12 +28,83 @@ class VTraceFromLogitsReturns(NamedTuple):
     target_action_log_probs: torch.Tensor
 
 
+@compiled
 def action_log_probs(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """log pi(a) for logits [T, B, A] and actions [T, B]; returns [T, B]."""
     log_probs = F.log_softmax(logits, dim=-1)
     return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
 
+@compiled
+def discounted_sums(terms: torch.Tensor, decays: torch.Tensor) -> torch.Tensor:
+    """x_s = terms_s + decays_s x_{s+1} for every s, x_T = 0 ([T, B] each): the sum over t >= s
+    of terms_t times decays_s ... decays_{t-1}, as one [T, T, B] product rather than a loop over
+    the T steps (T x T x B is 3,200 numbers for MinAtar's minibatches, 51k for T=80, B=8)."""
+    T = terms.shape[0]
+    later = torch.ones(T, T, dtype=torch.bool, device=terms.device).triu().unsqueeze(-1)
+    # products[s, j] = decays_s * ... * decays_j where j >= s, 0 where j < s.
+    products = torch.where(later, decays, torch.ones_like(decays)).cumprod(1) * later
+    next_terms = torch.cat([terms[1:], torch.zeros_like(terms[:1])])
+    return terms + (products * next_terms).sum(1)
+
+
+@compiled
+def from_importance_weights(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    mask: torch.Tensor | None = None,
+    lambda_: float = 1.0,
+) -> VTraceReturns:
+    """V-trace targets from log importance weights log(pi(a)/mu(a)).
+
+    Targets are constants for the learner: the inputs are detached. A threshold of None disables
+    clipping.
+    ``mask`` ([T, B], false = not a real transition, such as the filler step after a time-limit
+    cut) zeroes that step's TD error, trace and advantage: there vs = V(x), so its value is
+    neither trained nor passed on, and the step before still bootstraps from V(x).
+    ``lambda_`` scales the traces (c_s = lambda * min(1, rho_s), the paper's section 4.2): on
+    policy, vs is then the lambda-return of GAE (Schulman et al. 2016) instead of the n-step one.
+    """
+    log_rhos, discounts, rewards = log_rhos.detach(), discounts.detach(), rewards.detach()
+    values, bootstrap_value = values.detach(), bootstrap_value.detach()
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
+    # The paper's c-bar is fixed at 1: traces are cut as soon as the target policy is less
+    # likely than the behaviour policy, which keeps the variance of the product bounded.
+    cs = lambda_ * rhos.clamp(max=1.0)
+    if mask is not None:
+        clipped_rhos = clipped_rhos * mask
+        cs = cs * mask
+
+    # V(x_{s+1}) for every s, with the bootstrap value standing in for V(x_T).
+    values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
+
+    # vs_s - V(x_s) = delta_s + gamma_s c_s (vs_{s+1} - V(x_{s+1})), and vs_T - V(x_T) = 0.
+    vs_minus_v_xs = discounted_sums(deltas, discounts * cs)
+    vs = vs_minus_v_xs + values
+
+    # The policy gradient bootstraps from vs_{s+1} (a better estimate than V(x_{s+1})).
+    vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    if clip_pg_rho_threshold is None:
+        clipped_pg_rhos = rhos
+    else:
+        clipped_pg_rhos = rhos.clamp(max=clip_pg_rho_threshold)
+    advantages = rewards + discounts * vs_t_plus_1 - values
+    if mask is not None:
+        clipped_pg_rhos = clipped_pg_rhos * mask
+        advantages = advantages * mask
+    pg_advantages = clipped_pg_rhos * advantages
+
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, advantages=advantages)
+
+
+@compiled
 def from_logits(
     behavior_policy_logits: torch.Tensor,
     target_policy_logits: torch.Tensor,
@@ -70,69 +143,11 @@ def from_logits(
     )
 
 
-@torch.no_grad()
-def from_importance_weights(
-    log_rhos: torch.Tensor,
-    discounts: torch.Tensor,
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    mask: torch.Tensor | None = None,
-    lambda_: float = 1.0,
-) -> VTraceReturns:
-    """V-trace targets from log importance weights log(pi(a)/mu(a)).
-
-    Targets are constants for the learner, hence no_grad. A threshold of None disables clipping.
-    ``mask`` ([T, B], false = not a real transition, such as the filler step after a time-limit
-    cut) zeroes that step's TD error, trace and advantage: there vs = V(x), so its value is
-    neither trained nor passed on, and the step before still bootstraps from V(x).
-    ``lambda_`` scales the traces (c_s = lambda * min(1, rho_s), the paper's section 4.2): on
-    policy, vs is then the lambda-return of GAE (Schulman et al. 2016) instead of the n-step one.
-    """
-    rhos = torch.exp(log_rhos)
-    clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
-    # The paper's c-bar is fixed at 1: traces are cut as soon as the target policy is less
-    # likely than the behaviour policy, which keeps the variance of the product bounded.
-    cs = lambda_ * rhos.clamp(max=1.0)
-    if mask is not None:
-        clipped_rhos = clipped_rhos * mask
-        cs = cs * mask
-
-    # V(x_{s+1}) for every s, with the bootstrap value standing in for V(x_T).
-    values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
-
-    # vs_s - V(x_s) = delta_s + gamma_s c_s (vs_{s+1} - V(x_{s+1})), and vs_T - V(x_T) = 0.
-    # Running the recursion backwards makes it O(T) instead of the O(T^2) double sum; one
-    # kernel per step (MinAtar's small batches spend their time dispatching these).
-    decays = discounts * cs
-    vs_minus_v_xs = torch.empty_like(deltas)
-    acc = torch.zeros_like(bootstrap_value)
-    for t in reversed(range(log_rhos.shape[0])):
-        acc = torch.addcmul(deltas[t], decays[t], acc, out=vs_minus_v_xs[t])
-    vs = vs_minus_v_xs + values
-
-    # The policy gradient bootstraps from vs_{s+1} (a better estimate than V(x_{s+1})).
-    vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
-    if clip_pg_rho_threshold is None:
-        clipped_pg_rhos = rhos
-    else:
-        clipped_pg_rhos = rhos.clamp(max=clip_pg_rho_threshold)
-    advantages = rewards + discounts * vs_t_plus_1 - values
-    if mask is not None:
-        clipped_pg_rhos = clipped_pg_rhos * mask
-        advantages = advantages * mask
-    pg_advantages = clipped_pg_rhos * advantages
-
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, advantages=advantages)
-
-
 # Loss terms. They are sums over T and B, not means: the learner weights each one by its own
 # cost coefficient (baseline_cost, entropy_cost), so the batch-size scaling is left to it.
 
 
+@compiled
 def policy_gradient_loss(
     logits: torch.Tensor, actions: torch.Tensor, advantages: torch.Tensor
 ) -> torch.Tensor:
@@ -140,6 +155,7 @@ def policy_gradient_loss(
     return -(action_log_probs(logits, actions) * advantages.detach()).sum()
 
 
+@compiled
 def clipped_surrogate_loss(
     log_rhos: torch.Tensor,
     advantages: torch.Tensor,
@@ -163,11 +179,13 @@ def clipped_surrogate_loss(
     return -surrogate.sum()
 
 
+@compiled
 def baseline_loss(advantages: torch.Tensor) -> torch.Tensor:
     """0.5 * sum of squared advantages (e.g. vs - V(x))."""
     return 0.5 * (advantages**2).sum()
 
 
+@compiled
 def entropy_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Sum of pi * log pi, i.e. the negative entropy; minimising it encourages exploration.
 

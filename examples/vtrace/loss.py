@@ -3,6 +3,7 @@
 import torch
 
 from examples.common import vtrace
+from examples.common.torchscript import compiled
 
 LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss", "clip_fraction"]
 
@@ -20,7 +21,7 @@ def compute_loss(flags, model, batch, entropy_weight=None):
     """V-trace actor-critic loss on a learner batch of T+1 steps ([T+1, B, ...]), or, for a
     minibatch of single steps that carries its targets (`vs`, see step_targets), PPO's loss on
     those steps (step_loss). `entropy_weight`: the entropy bonus's weight now (entropy_cost()),
-    flags.entropy_cost when None.
+    flags.entropy_cost when None. Returns the loss and its terms for the log (LOSS_NAMES).
 
     Step t holds observation t, whether it starts a new episode (done), the reward that led to
     it, the action taken from it and the acting policy's logits there.
@@ -31,37 +32,20 @@ def compute_loss(flags, model, batch, entropy_weight=None):
         return step_loss(flags, model, batch, entropy_weight)
     core_state = batch.get("core_state", ())
     outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
-    returns, mask = vtrace_returns(flags, batch, outputs)
-    logits = outputs["policy_logits"][:-1]
-    values = outputs["baseline"][:-1]
-    actions = batch["action"][:-1]
-    num_samples = actions.numel()
-    # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
-    # V-trace's advantages); without, V-trace's policy gradient, weighted by the clipped ratio.
-    advantages = returns.advantages if flags.pg_clip else returns.pg_advantages
-    if flags.normalize_advantages:
-        advantages = normalized(advantages, mask)
-    if flags.pg_clip:
-        pg_loss = vtrace.clipped_surrogate_loss(returns.log_rhos, advantages, flags.pg_clip, mask)
-    else:
-        pg_loss = vtrace.policy_gradient_loss(logits, actions, advantages)
-    return total_loss(
-        flags,
-        num_samples,
-        pg_loss,
-        returns.vs - values,
-        logits,
-        returns.log_rhos,
-        mask,
-        entropy_weight,
-    )
+    rewards, discounts, mask = transitions(flags, batch)
+    loss, terms = actor_critic_loss(
+        outputs["policy_logits"], outputs["baseline"], batch["policy_logits"][:-1],
+        batch["action"][:-1], rewards, discounts, mask, float(flags.vtrace_lambda),
+        float(flags.pg_clip), bool(flags.normalize_advantages), float(flags.baseline_cost),
+        float(entropy_weight),
+    )  # fmt: skip
+    return loss, loss_stats(terms)
 
 
-def vtrace_returns(flags, batch, outputs):
-    """V-trace's targets and advantages for a batch of whole unrolls, from the model's outputs
-    on it; and the mask of its real transitions (None when it has no time-limit cuts)."""
-    logits = outputs["policy_logits"][:-1]
-    values = outputs["baseline"][:-1]
+def transitions(flags, batch):
+    """The rewards, discounts and mask of a batch's first T steps ([T, B] each): the reward that
+    followed each step (clipped to reward_clip), its discount (0 where an episode ended), and
+    whether it is a real transition (None when the batch has no time-limit cuts)."""
     rewards = batch["reward"][1:]
     if flags.reward_clip:
         rewards = rewards.clamp(-flags.reward_clip, flags.reward_clip)
@@ -69,18 +53,24 @@ def vtrace_returns(flags, batch, outputs):
     if "life_lost" in batch:  # env.episodic_life: a lost life ends the returns as well
         ends = ends | batch["life_lost"][1:]
     discounts = (~ends).float() * flags.discounting
-    actions = batch["action"][:-1]
     # The step that leaves the last observation of a time-limit cut is a filler
     # (envs.truncation_step): it bootstraps nothing and teaches nothing.
     mask = ~batch["truncated"][:-1] if "truncated" in batch else None
+    return rewards, discounts, mask
+
+
+def vtrace_returns(flags, batch, outputs):
+    """V-trace's targets and advantages for a batch of whole unrolls, from the model's outputs
+    on it; and the mask of its real transitions (None when it has no time-limit cuts)."""
+    rewards, discounts, mask = transitions(flags, batch)
     returns = vtrace.from_logits(
         behavior_policy_logits=batch["policy_logits"][:-1],
-        target_policy_logits=logits,
-        actions=actions,
+        target_policy_logits=outputs["policy_logits"][:-1],
+        actions=batch["action"][:-1],
         discounts=discounts,
         rewards=rewards,
-        values=values.detach(),
-        bootstrap_value=outputs["baseline"][-1].detach(),
+        values=outputs["baseline"][:-1],
+        bootstrap_value=outputs["baseline"][-1],
         mask=mask,
         lambda_=flags.vtrace_lambda,
     )
@@ -123,32 +113,28 @@ def step_loss(flags, model, steps, entropy_weight):
         log_rhos, weights = log_probs - acting_log_probs, None
     pg_loss = vtrace.clipped_surrogate_loss(log_rhos, advantages, flags.pg_clip, mask, weights)
     errors = (steps["vs"] - outputs["baseline"]) * mask
-    return total_loss(flags, mask.numel(), pg_loss, errors, logits, log_rhos, mask, entropy_weight)
+    loss, terms = total_loss(mask.numel(), pg_loss, errors, logits, log_rhos, mask,
+                             float(flags.pg_clip), float(flags.baseline_cost),
+                             float(entropy_weight))  # fmt: skip
+    return loss, loss_stats(terms)
 
 
-def total_loss(flags, num_samples, pg_loss, value_errors, logits, log_rhos, mask, entropy_weight):
-    """The weighted sum of the policy, baseline and entropy terms, each a mean over the samples,
-    and the numbers for the log."""
-    pg_loss = pg_loss / num_samples
-    baseline_loss = vtrace.baseline_loss(value_errors) / num_samples
-    entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
-    total = pg_loss + flags.baseline_cost * baseline_loss + entropy_weight * entropy_loss
-    stats = {"pg_loss": pg_loss.item(), "baseline_loss": baseline_loss.item(),
-             "entropy_loss": entropy_loss.item(),
-             "clip_fraction": clip_fraction(log_rhos, flags.pg_clip, mask)}  # fmt: skip
-    return total, stats
-
-
-def clip_fraction(log_rhos, clip, mask=None):
+@compiled
+def clip_fraction(
+    log_rhos: torch.Tensor, clip: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """The share of samples whose ratio pi/mu is outside [1 - clip, 1 + clip] (NaN without
     pg_clip): those give no policy gradient. It grows with the policy's lag behind the learner."""
-    if not clip:
-        return float("nan")
+    if clip == 0:
+        return torch.full((), float("nan"), device=log_rhos.device)
     outside = (log_rhos.detach().exp() - 1).abs() > clip
-    return (outside if mask is None else outside[mask]).float().mean().item()
+    if mask is not None:
+        outside = outside[mask]
+    return outside.float().mean()
 
 
-def normalized(advantages, mask=None):
+@compiled
+def normalized(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Advantages scaled to mean 0 and standard deviation 1 over the batch's real transitions
     (as PPO does): the policy's share of the gradient no longer shrinks with sparse rewards."""
     real = advantages if mask is None else advantages[mask]
@@ -156,6 +142,75 @@ def normalized(advantages, mask=None):
         return advantages
     scaled = (advantages - real.mean()) / (real.std() + 1e-8)
     return scaled if mask is None else scaled * mask
+
+
+@compiled
+def total_loss(
+    num_samples: int,
+    pg_loss: torch.Tensor,
+    value_errors: torch.Tensor,
+    logits: torch.Tensor,
+    log_rhos: torch.Tensor,
+    mask: torch.Tensor | None,
+    pg_clip: float,
+    baseline_cost: float,
+    entropy_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weighted sum of the policy, baseline and entropy terms, each a mean over the samples,
+    and the terms of LOSS_NAMES for the log, in one tensor (see loss_stats)."""
+    pg_loss = pg_loss / num_samples
+    baseline_loss = vtrace.baseline_loss(value_errors) / num_samples
+    entropy_loss = vtrace.entropy_loss(logits, mask) / num_samples
+    total = pg_loss + baseline_cost * baseline_loss + entropy_weight * entropy_loss
+    terms = [pg_loss, baseline_loss, entropy_loss, clip_fraction(log_rhos, pg_clip, mask)]
+    return total, torch.stack(terms).detach()
+
+
+def loss_stats(terms):
+    return dict(zip(LOSS_NAMES, terms.tolist(), strict=True))
+
+
+@compiled
+def actor_critic_loss(
+    logits: torch.Tensor,
+    baselines: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    mask: torch.Tensor | None,
+    vtrace_lambda: float,
+    pg_clip: float,
+    normalize_advantages: bool,
+    baseline_cost: float,
+    entropy_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of compute_loss from the learner's outputs on T+1 steps (logits [T+1, B, A],
+    baselines [T+1, B]) and the batch's first T steps (transitions()), and its terms: one
+    TorchScript call, so the learner thread holds the GIL for none of it (torchscript.py)."""
+    returns = vtrace.from_logits(
+        behavior_policy_logits=behavior_logits,
+        target_policy_logits=logits[:-1],
+        actions=actions,
+        discounts=discounts,
+        rewards=rewards,
+        values=baselines[:-1],
+        bootstrap_value=baselines[-1],
+        mask=mask,
+        lambda_=vtrace_lambda,
+    )
+    # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
+    # V-trace's advantages); without, V-trace's policy gradient, weighted by the clipped ratio.
+    advantages = returns.advantages if pg_clip > 0 else returns.pg_advantages
+    if normalize_advantages:
+        advantages = normalized(advantages, mask)
+    if pg_clip > 0:
+        pg_loss = vtrace.clipped_surrogate_loss(returns.log_rhos, advantages, pg_clip, mask)
+    else:
+        pg_loss = vtrace.policy_gradient_loss(logits[:-1], actions, advantages)
+    value_errors = returns.vs - baselines[:-1]
+    return total_loss(actions.numel(), pg_loss, value_errors, logits[:-1], returns.log_rhos, mask,
+                      pg_clip, baseline_cost, entropy_weight)  # fmt: skip
 
 
 def gradients(flags, model, batch, entropy_weight=None):
