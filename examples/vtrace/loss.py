@@ -32,37 +32,23 @@ def compute_loss(flags, model, batch, entropy_weight=None):
         return step_loss(flags, model, batch, entropy_weight)
     core_state = batch.get("core_state", ())
     outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
-    rewards, discounts, mask = transitions(flags, batch)
     loss, terms = actor_critic_loss(
-        outputs["policy_logits"], outputs["baseline"], batch["policy_logits"][:-1],
-        batch["action"][:-1], rewards, discounts, mask, float(flags.vtrace_lambda),
+        outputs["policy_logits"], outputs["baseline"], batch["policy_logits"], batch["action"],
+        batch["reward"], batch["done"], batch.get("truncated"), batch.get("life_lost"),
+        float(flags.reward_clip), float(flags.discounting), float(flags.vtrace_lambda),
         float(flags.pg_clip), bool(flags.normalize_advantages), float(flags.baseline_cost),
         float(entropy_weight),
     )  # fmt: skip
     return loss, loss_stats(terms)
 
 
-def transitions(flags, batch):
-    """The rewards, discounts and mask of a batch's first T steps ([T, B] each): the reward that
-    followed each step (clipped to reward_clip), its discount (0 where an episode ended), and
-    whether it is a real transition (None when the batch has no time-limit cuts)."""
-    rewards = batch["reward"][1:]
-    if flags.reward_clip:
-        rewards = rewards.clamp(-flags.reward_clip, flags.reward_clip)
-    ends = batch["done"][1:]
-    if "life_lost" in batch:  # env.episodic_life: a lost life ends the returns as well
-        ends = ends | batch["life_lost"][1:]
-    discounts = (~ends).float() * flags.discounting
-    # The step that leaves the last observation of a time-limit cut is a filler
-    # (envs.truncation_step): it bootstraps nothing and teaches nothing.
-    mask = ~batch["truncated"][:-1] if "truncated" in batch else None
-    return rewards, discounts, mask
-
-
 def vtrace_returns(flags, batch, outputs):
     """V-trace's targets and advantages for a batch of whole unrolls, from the model's outputs
     on it; and the mask of its real transitions (None when it has no time-limit cuts)."""
-    rewards, discounts, mask = transitions(flags, batch)
+    rewards, discounts, mask = transitions(
+        batch["reward"], batch["done"], batch.get("truncated"), batch.get("life_lost"),
+        float(flags.reward_clip), float(flags.discounting),
+    )  # fmt: skip
     returns = vtrace.from_logits(
         behavior_policy_logits=batch["policy_logits"][:-1],
         target_policy_logits=outputs["policy_logits"][:-1],
@@ -117,6 +103,32 @@ def step_loss(flags, model, steps, entropy_weight):
                              float(flags.pg_clip), float(flags.baseline_cost),
                              float(entropy_weight))  # fmt: skip
     return loss, loss_stats(terms)
+
+
+@compiled
+def transitions(
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    truncated: torch.Tensor | None,
+    life_lost: torch.Tensor | None,
+    reward_clip: float,
+    discounting: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The rewards, discounts and mask of a batch's first T steps ([T, B] each), from its T+1
+    steps: the reward that followed each step (clipped to reward_clip unless it is 0), its
+    discount (0 where an episode ended, or with env.episodic_life a life), and whether it is a
+    real transition (None when the batch has no time-limit cuts)."""
+    rewards = rewards[1:]
+    if reward_clip != 0:
+        rewards = rewards.clamp(-reward_clip, reward_clip)
+    ends = dones[1:]
+    if life_lost is not None:
+        ends = ends | life_lost[1:]
+    discounts = (~ends).float() * discounting
+    # The step that leaves the last observation of a time-limit cut is a filler
+    # (envs.truncation_step): it bootstraps nothing and teaches nothing.
+    mask = None if truncated is None else ~truncated[:-1]
+    return rewards, discounts, mask
 
 
 @compiled
@@ -177,8 +189,11 @@ def actor_critic_loss(
     behavior_logits: torch.Tensor,
     actions: torch.Tensor,
     rewards: torch.Tensor,
-    discounts: torch.Tensor,
-    mask: torch.Tensor | None,
+    dones: torch.Tensor,
+    truncated: torch.Tensor | None,
+    life_lost: torch.Tensor | None,
+    reward_clip: float,
+    discounting: float,
     vtrace_lambda: float,
     pg_clip: float,
     normalize_advantages: bool,
@@ -186,15 +201,19 @@ def actor_critic_loss(
     entropy_weight: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss of compute_loss from the learner's outputs on T+1 steps (logits [T+1, B, A],
-    baselines [T+1, B]) and the batch's first T steps (transitions()), and its terms: one
-    TorchScript call, so the learner thread holds the GIL for none of it (torchscript.py)."""
+    baselines [T+1, B]) and the batch's [T+1, B, ...] tensors, and its terms: one TorchScript
+    call, so that the learner thread holds the GIL for none of it (torchscript.py)."""
+    rewards, discounts, mask = transitions(
+        rewards, dones, truncated, life_lost, reward_clip, discounting
+    )
+    actions, target_logits, values = actions[:-1], logits[:-1], baselines[:-1]
     returns = vtrace.from_logits(
-        behavior_policy_logits=behavior_logits,
-        target_policy_logits=logits[:-1],
+        behavior_policy_logits=behavior_logits[:-1],
+        target_policy_logits=target_logits,
         actions=actions,
         discounts=discounts,
         rewards=rewards,
-        values=baselines[:-1],
+        values=values,
         bootstrap_value=baselines[-1],
         mask=mask,
         lambda_=vtrace_lambda,
@@ -207,10 +226,9 @@ def actor_critic_loss(
     if pg_clip > 0:
         pg_loss = vtrace.clipped_surrogate_loss(returns.log_rhos, advantages, pg_clip, mask)
     else:
-        pg_loss = vtrace.policy_gradient_loss(logits[:-1], actions, advantages)
-    value_errors = returns.vs - baselines[:-1]
-    return total_loss(actions.numel(), pg_loss, value_errors, logits[:-1], returns.log_rhos, mask,
-                      pg_clip, baseline_cost, entropy_weight)  # fmt: skip
+        pg_loss = vtrace.policy_gradient_loss(target_logits, actions, advantages)
+    return total_loss(actions.numel(), pg_loss, returns.vs - values, target_logits,
+                      returns.log_rhos, mask, pg_clip, baseline_cost, entropy_weight)  # fmt: skip
 
 
 def gradients(flags, model, batch, entropy_weight=None):
