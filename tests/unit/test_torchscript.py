@@ -2,13 +2,17 @@
 TorchScript, the same numbers to the last bit as the same functions run by Python, and plain
 functions where torch has no TorchScript."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from examples.common import torchscript, vtrace
 from examples.vtrace import loss
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 # Gradients and loss terms of compute_loss on a seeded batch with time-limit cuts and episode
 # ends, for V-trace's policy gradient and for the clipped surrogate with normalized advantages
@@ -47,9 +51,9 @@ def test_the_learner_loss_is_compiled():
 
 def test_compiled_and_python_give_the_same_numbers(tmp_path):
     for jit in ("1", "0"):  # PYTORCH_JIT=0: torch.jit.script returns the Python function
-        env = {"PYTORCH_JIT": jit, "PATH": "/usr/bin:/bin"}
-        subprocess.run([sys.executable, "-c", GRADIENTS, str(tmp_path / jit)], env=env,
-                       check=True, timeout=120)  # fmt: skip
+        subprocess.run([sys.executable, "-c", GRADIENTS, str(tmp_path / jit)],
+                       env={**os.environ, "PYTORCH_JIT": jit}, cwd=REPOSITORY, check=True,
+                       timeout=120)  # fmt: skip
     compiled, python = (torch.load(tmp_path / jit) for jit in ("1", "0"))
     for (compiled_grads, compiled_stats), (grads, stats) in zip(compiled, python, strict=True):
         assert compiled_stats.keys() == stats.keys()
