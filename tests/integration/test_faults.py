@@ -195,11 +195,18 @@ procs = {name: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.
          for name, args in procs.items()}
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# print() writes a line's text and its end apart: two threads printing at once can run one
+# line into another ("[a] exited 0 at ...[b] exited 0 at ..."), so whole lines, one at a time.
+lock = threading.Lock()
+def say(line):
+    with lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 def relay(name, proc):
     for line in proc.stdout:
-        print(f"[{name}] {line}", end="", flush=True)
+        say(f"[{name}] {line}")
     code = proc.wait()  # each its own line, so that a process that hangs is named
-    print(f"[{name}] exited {code} at {time.time():.3f}", flush=True)
+    say(f"[{name}] exited {code} at {time.time():.3f}\n")
 threads = [threading.Thread(target=relay, args=item) for item in procs.items()]
 for t in threads: t.start()
 for t in threads: t.join()
