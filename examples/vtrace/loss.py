@@ -45,22 +45,11 @@ def compute_loss(flags, model, batch, entropy_weight=None):
 def vtrace_returns(flags, batch, outputs):
     """V-trace's targets and advantages for a batch of whole unrolls, from the model's outputs
     on it; and the mask of its real transitions (None when it has no time-limit cuts)."""
-    rewards, discounts, mask = transitions(
+    return batch_returns(
+        outputs["policy_logits"], outputs["baseline"], batch["policy_logits"], batch["action"],
         batch["reward"], batch["done"], batch.get("truncated"), batch.get("life_lost"),
-        float(flags.reward_clip), float(flags.discounting),
+        float(flags.reward_clip), float(flags.discounting), float(flags.vtrace_lambda),
     )  # fmt: skip
-    returns = vtrace.from_logits(
-        behavior_policy_logits=batch["policy_logits"][:-1],
-        target_policy_logits=outputs["policy_logits"][:-1],
-        actions=batch["action"][:-1],
-        discounts=discounts,
-        rewards=rewards,
-        values=outputs["baseline"][:-1],
-        bootstrap_value=outputs["baseline"][-1],
-        mask=mask,
-        lambda_=flags.vtrace_lambda,
-    )
-    return returns, mask
 
 
 @torch.no_grad()
@@ -129,6 +118,38 @@ def transitions(
     # (envs.truncation_step): it bootstraps nothing and teaches nothing.
     mask = None if truncated is None else ~truncated[:-1]
     return rewards, discounts, mask
+
+
+@compiled
+def batch_returns(
+    logits: torch.Tensor,
+    baselines: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    truncated: torch.Tensor | None,
+    life_lost: torch.Tensor | None,
+    reward_clip: float,
+    discounting: float,
+    vtrace_lambda: float,
+) -> tuple[vtrace.VTraceFromLogitsReturns, torch.Tensor | None]:
+    """vtrace_returns() from the model's outputs and the batch's tensors, all [T+1, B, ...]."""
+    rewards, discounts, mask = transitions(
+        rewards, dones, truncated, life_lost, reward_clip, discounting
+    )
+    returns = vtrace.from_logits(
+        behavior_policy_logits=behavior_logits[:-1],
+        target_policy_logits=logits[:-1],
+        actions=actions[:-1],
+        discounts=discounts,
+        rewards=rewards,
+        values=baselines[:-1],
+        bootstrap_value=baselines[-1],
+        mask=mask,
+        lambda_=vtrace_lambda,
+    )
+    return returns, mask
 
 
 @compiled
@@ -203,21 +224,11 @@ def actor_critic_loss(
     """The loss of compute_loss from the learner's outputs on T+1 steps (logits [T+1, B, A],
     baselines [T+1, B]) and the batch's [T+1, B, ...] tensors, and its terms: one TorchScript
     call, so that the learner thread holds the GIL for none of it (torchscript.py)."""
-    rewards, discounts, mask = transitions(
-        rewards, dones, truncated, life_lost, reward_clip, discounting
-    )
+    returns, mask = batch_returns(
+        logits, baselines, behavior_logits, actions, rewards, dones, truncated, life_lost,
+        reward_clip, discounting, vtrace_lambda,
+    )  # fmt: skip
     actions, target_logits, values = actions[:-1], logits[:-1], baselines[:-1]
-    returns = vtrace.from_logits(
-        behavior_policy_logits=behavior_logits[:-1],
-        target_policy_logits=target_logits,
-        actions=actions,
-        discounts=discounts,
-        rewards=rewards,
-        values=values,
-        bootstrap_value=baselines[-1],
-        mask=mask,
-        lambda_=vtrace_lambda,
-    )
     # With pg_clip the surrogate weights each sample by its ratio itself (APPO: PPO's loss on
     # V-trace's advantages); without, V-trace's policy gradient, weighted by the clipped ratio.
     advantages = returns.advantages if pg_clip > 0 else returns.pg_advantages
