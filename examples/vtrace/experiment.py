@@ -69,6 +69,10 @@ def prepare(flags):
     for key in ["savedir", "localdir"]:
         check_writable(flags[key], f"{key}={flags[key]}")
     torch.manual_seed(flags.seed)
+    # Adam's second moments of rarely used weights decay into subnormal floats, which x86 cores
+    # compute on about a hundred times slower: in MinAtar runs the optimizer step took 1.8 ms of
+    # CPU instead of 0.5 (docs/results.md). Threads and processes made later inherit the flag.
+    torch.set_flush_denormal(True)
     if flags.torch_threads > 0:
         # Intra-op threads that outnumber the free cores spin against the env processes.
         torch.set_num_threads(flags.torch_threads)
@@ -109,12 +113,13 @@ def create_envs(flags):
     return envs, workers, observation_space, action_space
 
 
-def share_state(accumulator, state):
+def share_state(accumulator, state, learner):
     """A newcomer takes the leader's whole learner state, weights included."""
     if accumulator.wants_state():
         accumulator.set_state(state.state_dict())
     if accumulator.has_new_state():
-        state.load_state_dict(accumulator.state())
+        with learner.weights_lock:
+            state.load_state_dict(accumulator.state())
         print(f"Received the learner state at model version {accumulator.model_version()}")
 
 
@@ -164,7 +169,8 @@ def learn(flags, learner, accumulator, group, queue, state, log):
         accumulator.update()
     if not accumulator.has_gradients():
         return None
-    stats = step_optimizer(flags, state, accumulator)
+    with learner.weights_lock:  # the learner thread may be copying them
+        stats = step_optimizer(flags, state, accumulator)
     hand_over_and_start()
     return stats
 
@@ -274,7 +280,7 @@ def train(flags, device, preemption=None):
             time.sleep(0.05)
             if now - last_act < KEEP_ENVS_ALIVE_S:
                 continue
-        share_state(accumulator, state)
+        share_state(accumulator, state, learner)
         # Act, unless learning lags behind by more than max_queued_batches batches (with 0:
         # unless the learner is still learning).
         if not queue.waits_for(learner) or now - last_act >= KEEP_ENVS_ALIVE_S:

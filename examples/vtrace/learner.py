@@ -5,9 +5,11 @@ The experiment, the evaluator and the benchmark all take these from the same mod
 what is measured and evaluated is what trains.
 """
 
+import collections
 import concurrent.futures
 import copy
 import math
+import threading
 import time
 
 import torch
@@ -105,14 +107,26 @@ def select_unrolls(value, indices):
     return picked.permute([physical.index(dim) for dim in range(value.dim())])
 
 
-class AsyncLearner:
-    """Computes the gradients of one learner batch at a time in a second thread, so that acting
-    goes on meanwhile (torch lets go of the GIL inside its kernels).
+def set_up_learner_thread(num_threads):
+    """torch's intra-op thread count is the thread's own: the learner's stays the main thread's
+    when the learner was made (torch_threads), when acting's changes (acting_threads). So is the
+    CPU's flushing of subnormal floats to zero, which the learner's gradients and the optimizer
+    need (see experiment.prepare), whichever thread made the learner."""
+    torch.set_num_threads(num_threads)
+    torch.set_flush_denormal(True)
 
-    The thread works on its own copy of the model, refreshed before every batch: the Accumulator
-    and the optimizer change the live weights in place whenever they need to. A batch started
-    before the group changed (another sync id) may have been computed on other weights than the
-    group's, so its gradients are dropped rather than reduced.
+
+class AsyncLearner:
+    """Computes the gradients of learner batches in a second thread, so that acting goes on
+    meanwhile (torch lets go of the GIL inside its kernels).
+
+    The thread works on its own copy of the model, refreshed from the live weights when each
+    batch starts: the optimizer and a state from the group change the live weights in place,
+    under `weights_lock`. The next batch waits in the thread's queue behind the running one,
+    so the thread goes on to it at once instead of waiting for the main thread to hand the
+    last gradients over. A batch submitted before the group changed (another sync id) may
+    have been computed on other weights than the group's, so its gradients are dropped rather
+    than reduced.
     """
 
     def __init__(self, flags, model):
@@ -125,12 +139,14 @@ class AsyncLearner:
             *zip(self.model_copy.parameters(), model.parameters(), strict=True),
             *zip(self.model_copy.buffers(), model.buffers(), strict=True),
         ]
-        # torch's intra-op thread count is per thread: the learner's stays the one set now
-        # (torch_threads) when acting's is changed (acting_threads).
         self.thread = concurrent.futures.ThreadPoolExecutor(
-            1, "learner", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+            1, "learner", initializer=set_up_learner_thread, initargs=(torch.get_num_threads(),)
         )
-        self.running = None  # (future of gradients(), the group's sync id when it started)
+        # (future of checked_gradients(), the group's sync id when submitted), oldest first:
+        # the first runs, the one behind it (at most one) waits in the thread's queue.
+        self.jobs = collections.deque()
+        # Held while the live weights change and while the thread copies them.
+        self.weights_lock = threading.Lock()
         self.finished = None  # (gradients, sync id) not yet handed to the Accumulator
         self.losses = dict.fromkeys(LOSS_NAMES, math.nan)
         self.last_batch, self.passes_left = None, 0
@@ -151,7 +167,7 @@ class AsyncLearner:
         self.acting_version, self.lags = None, []
 
     def idle(self):
-        return self.running is None and self.finished is None
+        return not self.jobs and self.finished is None
 
     def has_batch(self):
         """Whether a learner batch is not yet finished: passes or minibatches of it still to
@@ -159,31 +175,34 @@ class AsyncLearner:
         return bool(self.passes_left or self.pending) or not self.idle()
 
     def start(self, batch, sync_id, env_train_steps=0):
-        with torch.no_grad():
+        """Submit a batch to the thread, which starts on it when the batches before it are
+        done, on the live weights of that moment."""
+        entropy_weight = entropy_cost(self.flags, env_train_steps)
+        future = self.thread.submit(self._gradients_on_live_weights, batch, entropy_weight)
+        self.jobs.append((future, sync_id))
+
+    def _gradients_on_live_weights(self, batch, entropy_weight):
+        with self.weights_lock, torch.no_grad():
             for copied, live in self.copy_pairs:
                 copied.copy_(live)
-        future = self.thread.submit(
-            checked_gradients, self.flags, self.model_copy, batch,
-            entropy_cost(self.flags, env_train_steps),
-        )  # fmt: skip
-        self.running = future, sync_id
+        return checked_gradients(self.flags, self.model_copy, batch, entropy_weight)
 
     def wait(self, timeout):
-        """Sleep up to `timeout` seconds, waking as soon as the running batch's gradients are
+        """Sleep up to `timeout` seconds, waking as soon as the oldest batch's gradients are
         done: a plain sleep left the learner thread idle for the rest of it."""
-        if self.running is None:
+        if not self.jobs:
             time.sleep(timeout)
         else:
-            concurrent.futures.wait([self.running[0]], timeout)
+            concurrent.futures.wait([self.jobs[0][0]], timeout)
 
     def update(self, accumulator, sync_id, queue, alone=False, env_train_steps=0):
-        """Hand finished gradients over when the Accumulator wants them, and start on the next
-        learner batch when it is free (`env_train_steps`: the group's, for the schedules).
-        `alone`: this peer is the group's only member. Returns how many batches were dropped (0
-        or 1) because the group changed since they started."""
-        if self.running is not None and self.running[0].done():
-            future, started_in = self.running
-            self.running = None
+        """Hand finished gradients over when the Accumulator wants them, and submit the next
+        learner batch (`env_train_steps`: the group's, for the schedules): when the thread is
+        free and the Accumulator wants gradients, or behind the running batch. `alone`: this
+        peer is the group's only member. Returns how many batches were dropped (0 or 1)
+        because the group changed since they were submitted."""
+        if self.jobs and self.finished is None and self.jobs[0][0].done():
+            future, started_in = self.jobs.popleft()
             grads, self.losses, finite = future.result()
             if finite:
                 self.nonfinite_in_a_row = 0
@@ -220,7 +239,7 @@ class AsyncLearner:
                 self.in_flight = accumulator.model_version(), sync_id, batches
             else:
                 dropped = 1
-        if self.idle() and accumulator.wants_gradients():
+        if self.may_submit(accumulator):
             batch = self.next_batch(queue)
             if batch is not None:
                 self.start(batch, sync_id, env_train_steps)
@@ -239,6 +258,19 @@ class AsyncLearner:
             # the loop took a third of the GIL's time on Atari.
             accumulator.skip_gradients()
         return dropped
+
+    def may_submit(self, accumulator):
+        """Whether to submit another batch now: one behind a running one, so that the thread
+        goes from batch to batch without waiting for the hand-over and the optimizer step in
+        this thread (in idle MinAtar runs it waited for them a fifth of its time; the next
+        batch's weights are then as old as before, since the step it would have waited for
+        comes after the copy either way); and, with nothing running or waiting, a new one
+        when the Accumulator wants gradients. Never more than two batches' gradients are
+        running or waiting to be handed over."""
+        outstanding = len(self.jobs) + (self.finished is not None)
+        if outstanding >= 2:
+            return False
+        return bool(self.jobs) or (self.finished is None and accumulator.wants_gradients())
 
     def take_policy_lag(self):
         """The mean policy lag of the minibatches started since the last call (NaN if none):

@@ -42,10 +42,10 @@ def test_each_batch_starts_on_the_live_weights_and_buffers(monkeypatch):
             model.linear.weight.add_(1.0)
             model.running.fill_(turn)
         learner.start("batch", sync_id=0)
-        learner.running[0].result(timeout=10)
+        learner.jobs[0][0].result(timeout=10)
         for key, value in model.state_dict().items():
             assert torch.equal(seen[-1][key], value), key
-        learner.running = None
+        learner.jobs.clear()
     # The thread's model is its own: what it computes on never aliases the live weights.
     assert learner.model_copy.linear.weight.data_ptr() != model.linear.weight.data_ptr()
     learner.close()
@@ -82,9 +82,58 @@ def test_wait_returns_when_the_running_batch_is_done(monkeypatch):
     started = time.monotonic()
     learner.wait(10.0)  # wakes when the batch is done, not at the timeout
     assert time.monotonic() - started < 5.0
-    assert learner.running[0].done()
-    learner.running = None
+    assert learner.jobs[0][0].done()
+    learner.jobs.clear()
     started = time.monotonic()
     learner.wait(0.02)  # nothing running: a plain sleep
     assert time.monotonic() - started >= 0.015
     learner.close()
+
+
+class AlwaysABatch:
+    def ready(self):
+        return True
+
+    def get(self):
+        return "batch"
+
+
+def test_the_next_batch_waits_behind_the_running_one_and_copies_the_weights_when_it_starts(
+    monkeypatch,
+):
+    """The thread goes from batch to batch without waiting for the main thread's hand-over; the
+    batch queued behind another computes on the weights of when it starts, so an optimizer step
+    made meanwhile (under weights_lock) is in them, and none is copied halfway through one."""
+    from helpers import LonePeerAccumulator
+
+    model = nn.Linear(3, 2)
+    learner = AsyncLearner(FLAGS, model)
+    release_first, seen = threading.Event(), []
+
+    def record(flags, model_copy, batch, entropy_weight):
+        seen.append(model_copy.weight.clone())
+        if len(seen) == 1:
+            release_first.wait(10)
+        return [], {}, True
+
+    monkeypatch.setattr(learner_module, "checked_gradients", record)
+    accumulator = LonePeerAccumulator()
+    try:
+        learner.update(accumulator, 0, AlwaysABatch(), alone=True)  # the first batch starts
+        learner.update(accumulator, 0, AlwaysABatch(), alone=True)  # the next waits behind it
+        learner.update(accumulator, 0, AlwaysABatch(), alone=True)  # no third
+        assert len(learner.jobs) == 2
+        before = model.weight.clone()
+        with learner.weights_lock:
+            release_first.set()
+            learner.jobs[0][0].result(timeout=10)
+            time.sleep(0.1)
+            assert len(seen) == 1  # the second has not copied the weights the step changes
+            with torch.no_grad():
+                model.weight.add_(1.0)  # as the optimizer step does
+        learner.jobs[1][0].result(timeout=10)
+        assert torch.equal(seen[0], before)
+        assert torch.equal(seen[1], before + 1.0)
+    finally:
+        release_first.set()
+        learner.close()

@@ -109,7 +109,7 @@ def synchronous(learner):
     def start(batch, sync_id, env_train_steps=0):
         future = concurrent.futures.Future()
         future.set_result(learner_module.checked_gradients(FLAGS, learner.model_copy, batch))
-        learner.running = future, sync_id
+        learner.jobs.append((future, sync_id))
 
     learner.start = start
     return learner

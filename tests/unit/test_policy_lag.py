@@ -55,7 +55,8 @@ def started_lags(acting_versions, learner_version, passes=1):
     accumulator.version = learner_version
     lags = []
     for _ in range(passes):
-        learner.running = learner.finished = None  # the pass before is done
+        learner.jobs.clear()  # the pass before is done
+        learner.finished = None
         learner.update(accumulator, 0, queue, alone=True)
         lags.append(learner.take_policy_lag())
     learner.close()
