@@ -116,7 +116,10 @@ class Queue:
 
 class LonePeerAccumulator:
     """As moolib's Accumulator of a group of one behaves (measured with moolib 0.0.9b0): after
-    reduce_gradients the sum is in at the second update(); zero_gradients ends the step."""
+    reduce_gradients the sum is in at the second update(); zero_gradients ends the step. One
+    difference: moolib's wants_gradients() stays True from reduce_gradients until the next
+    update() (measured again 2026-12-06), this one's turns False at once: with it, a learner
+    submits its next batch after the optimizer step; with moolib, before."""
 
     def __init__(self):
         self.version, self.updates_left, self.ready, self.reduced = 0, None, False, 0

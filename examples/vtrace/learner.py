@@ -262,11 +262,15 @@ class AsyncLearner:
     def may_submit(self, accumulator):
         """Whether to submit another batch now: one behind a running one, so that the thread
         goes from batch to batch without waiting for the hand-over and the optimizer step in
-        this thread (in idle MinAtar runs it waited for them a fifth of its time; the next
-        batch's weights are then as old as before, since the step it would have waited for
-        comes after the copy either way); and, with nothing running or waiting, a new one
-        when the Accumulator wants gradients. Never more than two batches' gradients are
-        running or waiting to be handed over."""
+        this thread (in idle MinAtar runs it waited for them a fifth of its time); and, with
+        nothing running or waiting, a new one when the Accumulator wants gradients. Never more
+        than two batches' gradients are running or waiting to be handed over.
+
+        A lone peer's next batch learns on weights as old as before: moolib's Accumulator
+        still wants gradients right after reduce_gradients (until its next update()), so that
+        batch used to start before the optimizer step too. In a group, whose sum comes later,
+        a queued batch may start before the group's step that it used to wait for, one step
+        older."""
         outstanding = len(self.jobs) + (self.finished is not None)
         if outstanding >= 2:
             return False
