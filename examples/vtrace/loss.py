@@ -33,9 +33,7 @@ def compute_loss(flags, model, batch, entropy_weight=None):
     core_state = batch.get("core_state", ())
     outputs, _ = model({"state": batch["state"], "done": batch["done"]}, core_state)
     loss, terms = actor_critic_loss(
-        outputs["policy_logits"], outputs["baseline"], batch["policy_logits"], batch["action"],
-        batch["reward"], batch["done"], batch.get("truncated"), batch.get("life_lost"),
-        float(flags.reward_clip), float(flags.discounting), float(flags.vtrace_lambda),
+        *returns_arguments(flags, batch, outputs),
         float(flags.pg_clip), bool(flags.normalize_advantages), float(flags.baseline_cost),
         float(entropy_weight),
     )  # fmt: skip
@@ -45,7 +43,13 @@ def compute_loss(flags, model, batch, entropy_weight=None):
 def vtrace_returns(flags, batch, outputs):
     """V-trace's targets and advantages for a batch of whole unrolls, from the model's outputs
     on it; and the mask of its real transitions (None when it has no time-limit cuts)."""
-    return batch_returns(
+    return batch_returns(*returns_arguments(flags, batch, outputs))
+
+
+def returns_arguments(flags, batch, outputs):
+    """batch_returns()'s arguments (the first ones of actor_critic_loss too): TorchScript
+    functions take tensors and numbers, not the batch's dict and the flags."""
+    return (
         outputs["policy_logits"], outputs["baseline"], batch["policy_logits"], batch["action"],
         batch["reward"], batch["done"], batch.get("truncated"), batch.get("life_lost"),
         float(flags.reward_clip), float(flags.discounting), float(flags.vtrace_lambda),
