@@ -148,6 +148,9 @@ class ExperimentConfig:
     # On Breakout it kept the units alive but learned no better (docs/results.md), so
     # preset=minatar leaves it off. Checkpoints store it; other envs' nets ignore it.
     layer_norm: bool = False
+    # Units in the MinAtar net's hidden layer: 128 is the MinAtar paper's. Checkpoints store it;
+    # other envs' nets ignore it.
+    minatar_hidden: int = 128
     torch_threads: int = 1  # the learner's torch intra-op threads; 0: torch's (one per core)
     # Intra-op threads of acting's forward passes (the main thread); 0 = as torch_threads. With
     # one, acting's small passes never wait at OpenMP's barrier for a thread whose core the
@@ -181,7 +184,7 @@ CONFIG_DIR = pathlib.Path(__file__).parent
 
 POSITIVE_INTEGERS = ["actor_batch_size", "num_actor_batches", "num_actor_cpus", "batch_size",
                      "unroll_length", "virtual_batch_size", "total_steps", "learner_passes",
-                     "learner_minibatches", "env.num_action_repeats"]  # fmt: skip
+                     "learner_minibatches", "env.num_action_repeats", "minatar_hidden"]  # fmt: skip
 POSITIVE_NUMBERS = ["log_interval", "checkpoint_interval", "checkpoint_history_interval",
                     "optimizer.learning_rate"]  # fmt: skip
 

@@ -6,9 +6,9 @@
 
 No broker and no EnvPool: one plain gymnasium env in this process, one episode after another.
 The env and the model are rebuilt from the flags stored in the checkpoint (env.name, env.*,
-use_lstm, atari_net, center_frames, center_frames_on, layer_norm), so they are the ones the
-weights were trained with; from the command line only device, seed, torch_threads and the keys
-of evaluate.yaml are used.
+use_lstm, atari_net, center_frames, center_frames_on, layer_norm, minatar_hidden), so they are
+the ones the weights were trained with; from the command line only device, seed, torch_threads
+and the keys of evaluate.yaml are used.
 
 Each episode is printed as it ends and appended to eval.tsv next to the checkpoint; with
 video=DIR it is also recorded to DIR/episode_<i>.mp4.
@@ -96,6 +96,7 @@ def trained_settings(data, path, flags):
         "center_frames": bool(saved.get("center_frames", False)),
         "center_frames_on": saved.get("center_frames_on", "mean"),
         "layer_norm": bool(saved.get("layer_norm", False)),
+        "minatar_hidden": int(saved.get("minatar_hidden", 128)),
     }
 
 

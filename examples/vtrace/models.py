@@ -302,9 +302,10 @@ class MinAtarNet(ActorCriticBase):
     """The MinAtar baseline network for small channels-last grids [H, W, C] of 0/1."""
 
     def __init__(
-        self, obs_shape, num_actions: int, use_lstm=False, precision="fp32", layer_norm=False
-    ):
-        super().__init__(128, num_actions, use_lstm, precision)
+        self, obs_shape, num_actions: int, use_lstm=False, precision="fp32", layer_norm=False,
+        hidden_size=128,
+    ):  # fmt: skip
+        super().__init__(hidden_size, num_actions, use_lstm, precision)
         height, width, channels = obs_shape
         # No padding, as in the MinAtar paper's baseline (Young & Tian 2019): a 10x10 grid
         # gives 16 x 8 x 8 = 1024 features, so results stay comparable with published ones.
@@ -384,11 +385,13 @@ def create_model(
     center_frames: bool = False,
     layer_norm: bool = False,
     center_frames_on: str = "mean",
+    minatar_hidden: int = 128,
 ) -> ActorCriticBase:
     """Pick the torso that fits the observation space's shape; for Atari frames, `atari_net`
     ("resnet", "nature" or "nature_half") names it, and `center_frames` makes its first layer
     see each frame minus the frame's mean or background (`center_frames_on`; other nets ignore
-    all three); `layer_norm` normalises the MinAtar net's hidden layer (other nets ignore it).
+    all three); `layer_norm` normalises the MinAtar net's hidden layer of `minatar_hidden` units
+    (other nets ignore both).
     precision: "fp32", "bf16" or "auto" (see resolve_precision; device only serves that choice:
     the model is made on the CPU)."""
     if atari_net not in ATARI_NETS:
@@ -412,13 +415,14 @@ def create_model(
         centring = {"center_frames": center_frames, "center_frames_on": center_frames_on}
         return net(shape, num_actions, use_lstm, precision, **centring)
     if net is MinAtarNet:
-        return net(shape, num_actions, use_lstm, precision, layer_norm)
+        return net(shape, num_actions, use_lstm, precision, layer_norm, minatar_hidden)
     return net(shape, num_actions, use_lstm, precision)
 
 
 # The settings that decide the net's shape and what it computes: a checkpoint's weights belong
 # to the net these made, so checkpoints store them and evaluate rebuilds the net from them.
-ARCHITECTURE_KEYS = ("use_lstm", "atari_net", "center_frames", "center_frames_on", "layer_norm")
+ARCHITECTURE_KEYS = ("use_lstm", "atari_net", "center_frames", "center_frames_on", "layer_norm",
+                     "minatar_hidden")  # fmt: skip
 
 
 def architecture(flags) -> dict:
