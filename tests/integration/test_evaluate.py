@@ -317,6 +317,7 @@ NET_SETTINGS = {
     "center_frames_on": (*PONG_NET, "background", "mean", lambda net: net.center_frames_on),
     "layer_norm": ("MinAtar/Breakout-v1", {}, True, False,
                    lambda net: isinstance(net.norm, torch.nn.LayerNorm)),
+    "minatar_hidden": ("MinAtar/Breakout-v1", {}, 256, 128, lambda net: net.fc.out_features),
 }  # fmt: skip
 
 

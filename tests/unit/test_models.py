@@ -304,8 +304,30 @@ def test_architecture_keys_are_experiment_settings():
         "center_frames": False,
         "center_frames_on": "mean",
         "layer_norm": True,
+        "minatar_hidden": 128,
     }
     assert architecture(OmegaConf.structured(flags)) == architecture(flags)
+
+
+def test_minatar_hidden_widens_the_hidden_layer_and_both_heads():
+    minatar = box((10, 10, 4), np.bool_)
+    plain, wide = (create_model(minatar, NUM_ACTIONS, minatar_hidden=n) for n in (128, 256))
+    assert plain.state_dict().keys() == wide.state_dict().keys()
+    assert wide.fc.weight.shape == (256, 16 * 8 * 8)
+    assert wide.policy.weight.shape == (NUM_ACTIONS, 256)
+    assert wide.baseline.weight.shape == (1, 256)
+    assert plain.fc.weight.shape == (128, 16 * 8 * 8)  # the MinAtar paper's, as before
+    out, _ = wide({"state": torch.zeros(1, 3, 10, 10, 4), "done": torch.zeros(1, 3).bool()})
+    assert out["policy_logits"].shape == (1, 3, NUM_ACTIONS)
+
+
+def test_minatar_hidden_leaves_other_nets_alone():
+    atari = box((4, 84, 84), np.uint8)
+    plain = create_model(atari, NUM_ACTIONS, atari_net="nature_half")
+    wide = create_model(atari, NUM_ACTIONS, atari_net="nature_half", minatar_hidden=256)
+    assert {k: v.shape for k, v in wide.state_dict().items()} == {
+        k: v.shape for k, v in plain.state_dict().items()
+    }
 
 
 @pytest.mark.parametrize("shape", [(3, 3, 3, 3), (84, 84, 4), (2, 2)])
@@ -484,3 +506,13 @@ def test_half_nature_net_has_under_a_third_of_the_parameters():
     model = HalfNatureNet((4, 84, 84), NUM_ACTIONS)
     full = sum(p.numel() for p in NatureNet((4, 84, 84), NUM_ACTIONS).parameters())
     assert sum(p.numel() for p in model.parameters()) < full / 3
+
+
+@pytest.mark.parametrize("width", [0, -128])
+def test_minatar_hidden_must_be_positive(width):
+    from examples.vtrace.config import ConfigError, check_flags
+
+    with pytest.raises(
+        ConfigError, match=f"minatar_hidden must be a positive integer, got {width}"
+    ):
+        check_flags(OmegaConf.structured(ExperimentConfig(minatar_hidden=width)))
