@@ -38,8 +38,9 @@ class Actor:
         self.unroll_length = flags.unroll_length
         batch_size, num_batches = flags.actor_batch_size, flags.num_actor_batches
         self.core_states = [model.initial_state(batch_size) for _ in range(num_batches)]
-        # Each batch's last T+1 steps, each with the core state from before it.
-        self.windows = [
+        self.windows = [StepWindow(self.unroll_length + 1, device) for _ in range(num_batches)]
+        # With an LSTM, each batch's core states from before each of its last T+1 steps.
+        self.window_core_states = [
             collections.deque(maxlen=self.unroll_length + 1) for _ in range(num_batches)
         ]
         self.steps_taken = [0] * num_batches
@@ -61,20 +62,22 @@ class Actor:
         # Through workers.result when given: a dead env worker raises instead of hanging.
         future = self.futures[i]
         result = self.workers.result(future) if self.workers else future.result()
-        env_out = {key: value.clone() for key, value in result.items()}
-        step = {key: value.to(self.device) for key, value in env_out.items()}
+        window = self.windows[i]
+        window.advance()
+        for key, value in result.items():
+            window.write(key, value)
+        self._count_episodes(i, result["reward"], result["done"])
         with torch.no_grad():
-            inputs = {"state": step["state"].unsqueeze(0), "done": step["done"].unsqueeze(0)}
+            inputs = {key: window.newest(key).unsqueeze(0) for key in ("state", "done")}
             outputs, core_after = self.model(inputs, self.core_states[i])
         logits = outputs["policy_logits"][0]
-        action = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+        action = sample_actions(logits)
         self.futures[i] = self.envs.step(i, action.cpu())
-        step["action"] = action
-        step["policy_logits"] = logits
-        step["acting_version"] = torch.full_like(action, model_version)
-        self._count_episodes(i, env_out["reward"], env_out["done"])
-
-        self.windows[i].append((step, self.core_states[i]))
+        window.write("action", action)
+        window.write("policy_logits", logits)
+        window.write("acting_version", torch.full_like(action, model_version))
+        if self.use_lstm:
+            self.window_core_states[i].append(self.core_states[i])
         self.core_states[i] = core_after
         taken = self.steps_taken[i]
         self.steps_taken[i] += 1
@@ -88,25 +91,70 @@ class Actor:
         ]
 
     def _unroll(self, i, group):
+        # Only the group's envs: with groups, the rest of the batch is not due yet.
         envs = slice(group * self.group_size, (group + 1) * self.group_size)
-        window = self.windows[i]
-        # Only the group's envs are stacked: with groups, the rest of the batch is not due yet.
-        unroll = {key: torch.stack([s[key][envs] for s, _ in window]) for key in window[0][0]}
+        unroll = self.windows[i].unroll(envs)
         if self.use_lstm:
-            unroll["core_state"] = tuple(c[:, envs] for c in window[0][1])
+            unroll["core_state"] = tuple(c[:, envs] for c in self.window_core_states[i][0])
         return unroll
 
     def _count_episodes(self, i, reward, done):
-        self.episode_returns[i] += reward
-        finished = self.episode_returns[i][done]
+        returns = self.episode_returns[i]
+        returns += reward
         self.stats.add("env_steps", len(done))
+        if not done.any():  # most steps: no episode ends, nothing to gather
+            self.stats.add("episode_return", 0.0, 0)
+            return
+        finished = returns[done]
         self.stats.add("episode_return", finished.sum().item(), len(finished))
-        self.episode_returns[i][done] = 0
+        returns[done] = 0
 
     def take_stats(self):
         """The stats gathered since the last call."""
         stats, self.stats = self.stats, Stats()
         return stats
+
+
+def sample_actions(logits):
+    """One action per row of [B, A] logits, drawn from their softmax: the index of the largest
+    probability / Exp(1) draw (the exponential race), which torch.multinomial(probs, 1) also
+    computes, after checks of the probabilities that took more time than the draw."""
+    probs = torch.softmax(logits, dim=-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+
+class StepWindow:
+    """One actor batch's last T+1 steps, each key's in one [T+1, B, ...] tensor whose slots are
+    written in turn: a step is one copy per key, and an unroll one gather per key, where a
+    stack of the T+1 steps' tensors took a copy per step and key (a tenth of acting's time)."""
+
+    def __init__(self, length, device):
+        self.length = length
+        self.device = device
+        self.tensors = {}
+        self.slot = -1  # the newest step's
+        slots = torch.arange(length, device=device)
+        # Oldest step first, for each slot the newest can be in.
+        self.orders = [(slots + newest + 1) % length for newest in range(length)]
+
+    def advance(self):
+        self.slot = (self.slot + 1) % self.length
+
+    def write(self, key, value):
+        """The newest step's `key`, copied (out of the EnvPool's shared memory, which its next
+        step of this batch overwrites)."""
+        if key not in self.tensors:
+            shape = (self.length, *value.shape)
+            self.tensors[key] = torch.empty(shape, dtype=value.dtype, device=self.device)
+        self.tensors[key][self.slot].copy_(value)
+
+    def newest(self, key):
+        return self.tensors[key][self.slot]
+
+    def unroll(self, envs):
+        """[T+1, len(envs), ...] per key, oldest step first, a copy of these envs' columns."""
+        order = self.orders[self.slot]
+        return {key: t[:, envs].index_select(0, order) for key, t in self.tensors.items()}
 
 
 def unroll_phases(flags):

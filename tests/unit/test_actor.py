@@ -4,10 +4,12 @@ the same step; with them, the actor cuts every actor batch into groups of learne
 unrolls end at different steps, and the learner's batches come evenly spaced instead of an actor
 batch's worth at once."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from examples.vtrace.actor import Actor, unroll_phases
+from examples.vtrace.actor import Actor, sample_actions, unroll_phases
 from tests.acting_fakes import CountingEnvs, StepCountingModel, actor_flags
 
 
@@ -95,3 +97,67 @@ def test_more_groups_than_steps_are_all_returned():
     assert max(per_act.values()) > 1
     # Every env's unrolls from step phase on: 32 envs, ~(40 - phase) / 4 each.
     assert len(unrolls) >= 32 * (40 - 4) // 4 - 32
+
+
+def test_an_unroll_is_a_copy_that_later_steps_leave_alone():
+    settings = actor_flags(8, 2)
+    torch.manual_seed(0)
+    envs = CountingEnvs(8, 2)
+    actor = Actor(settings, envs, StepCountingModel(False), "cpu")
+    unrolls = []
+    while not unrolls:
+        unrolls = actor.step()
+    kept = {key: value.clone() for key, value in unrolls[0].items()}
+    for _ in range(3 * (settings.unroll_length + 1)):
+        actor.step()
+    for key, value in kept.items():
+        assert torch.equal(unrolls[0][key], value), key
+
+
+class EpisodeEnvs:
+    """Env e of batch i gets reward 1 every step and ends its episode every e + 2 steps; each
+    step's result lives in one buffer per batch that the next step overwrites, as EnvPool's
+    shared memory does."""
+
+    def __init__(self, batch_size, num_batches):
+        self.lengths = torch.arange(batch_size) + 2
+        self.counts = [0] * num_batches
+        self.shared = [
+            {"state": torch.zeros(batch_size, 2), "reward": torch.zeros(batch_size),
+             "done": torch.zeros(batch_size, dtype=torch.bool)}
+            for _ in range(num_batches)
+        ]  # fmt: skip
+
+    def step(self, i, actions):
+        self.counts[i] += 1
+        self.shared[i]["reward"].fill_(1.0)
+        self.shared[i]["done"].copy_(self.counts[i] % self.lengths == 0)
+        return SimpleNamespace(result=lambda: self.shared[i])
+
+
+def test_finished_episodes_returns_are_counted_once_each():
+    settings = actor_flags(4, 2)
+    envs = EpisodeEnvs(4, 2)
+    actor = Actor(settings, envs, StepCountingModel(False), "cpu")
+    acts = 60
+    for _ in range(acts):
+        actor.step()
+    stats = actor.take_stats()
+    assert stats.sum("env_steps") == 4 * acts
+    # Each batch acted on half the acts, each time on the result of its next step (1, 2, ...).
+    steps = [acts // 2, acts // 2]
+    ended = [steps_taken // length for steps_taken in steps for length in range(2, 6)]
+    assert stats.counts["episode_return"] == sum(ended)
+    returns = [n * length for n, length in zip(ended, [2, 3, 4, 5] * 2, strict=True)]
+    assert stats.sum("episode_return") == sum(returns)
+    assert actor.take_stats().counts["episode_return"] == 0  # taken: nothing counted twice
+
+
+def test_sampled_actions_follow_the_softmax_and_the_seed():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3, 0.0]])).expand(20_000, 4)
+    torch.manual_seed(0)
+    actions = sample_actions(logits)
+    frequencies = torch.bincount(actions, minlength=4) / len(actions)
+    torch.testing.assert_close(frequencies, torch.tensor([0.1, 0.6, 0.3, 0.0]), atol=0.015, rtol=0)
+    torch.manual_seed(0)
+    assert torch.equal(sample_actions(logits), actions)
