@@ -126,7 +126,8 @@ def sample_actions(logits):
 class StepWindow:
     """One actor batch's last T+1 steps, each key's in one [T+1, B, ...] tensor whose slots are
     written in turn: a step is one copy per key, and an unroll one gather per key, where a
-    stack of the T+1 steps' tensors took a copy per step and key (a tenth of acting's time)."""
+    stack of the T+1 steps' tensors took a copy per step and key (a tenth of the main thread's
+    time in MinAtar runs)."""
 
     def __init__(self, length, device):
         self.length = length
@@ -152,7 +153,7 @@ class StepWindow:
         return self.tensors[key][self.slot]
 
     def unroll(self, envs):
-        """[T+1, len(envs), ...] per key, oldest step first, a copy of these envs' columns."""
+        """[T+1, envs, ...] per key (envs: a slice of the batch), oldest step first, a copy."""
         order = self.orders[self.slot]
         return {key: t[:, envs].index_select(0, order) for key, t in self.tensors.items()}
 
