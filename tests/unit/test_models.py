@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from examples.vtrace.config import ExperimentConfig
+from examples.vtrace.config import ConfigError, ExperimentConfig, check_flags
 from examples.vtrace.models import (
     AtariNet,
     HalfNatureNet,
@@ -510,8 +510,6 @@ def test_half_nature_net_has_under_a_third_of_the_parameters():
 
 @pytest.mark.parametrize("width", [0, -128])
 def test_minatar_hidden_must_be_positive(width):
-    from examples.vtrace.config import ConfigError, check_flags
-
     with pytest.raises(
         ConfigError, match=f"minatar_hidden must be a positive integer, got {width}"
     ):
