@@ -103,7 +103,6 @@ class Actor:
         returns += reward
         self.stats.add("env_steps", len(done))
         if not done.any():  # most steps: no episode ends, nothing to gather
-            self.stats.add("episode_return", 0.0, 0)
             return
         finished = returns[done]
         self.stats.add("episode_return", finished.sum().item(), len(finished))
