@@ -10,6 +10,7 @@ finished in --workdir are read, not repeated, so an interrupted table can be com
 the same command again. Under --out it writes NAME-results.md and .json (per game, the mean
 episode return over the last 10% of the steps, mean and spread over seeds, wall time and env
 steps per second) and NAME-curves.png (one panel per game, one thin line per seed and their mean).
+`--keep` folds in the rows of earlier tables for games not run again (bench/kept.py).
 """
 
 import argparse
@@ -27,6 +28,8 @@ import subprocess
 import sys
 import time
 import typing
+
+from bench import kept
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LAST_FRACTION = 0.1
@@ -266,49 +269,6 @@ def run_commits(result):
     return sorted({summary["commit"] or "unknown" for summary in seeds})
 
 
-class KeepError(Exception):
-    """An earlier results file that cannot be merged with this one; the message says why."""
-
-
-def read_earlier(args):
-    """The earlier NAME-results.json of `--keep`, checked against this command's budget before
-    any run starts: rows of other budgets or settings would not be comparable."""
-    try:
-        earlier = json.loads(pathlib.Path(args.keep).read_text())
-    except (OSError, ValueError) as e:
-        raise KeepError(f"--keep {args.keep}: cannot read it as a results JSON ({e})") from None
-    ours = {"steps": args.steps, "peers": args.peers, "overrides": overrides(args)}
-    for key, value in ours.items():
-        if not isinstance(earlier, dict) or earlier.get(key) != value:
-            found = earlier.get(key) if isinstance(earlier, dict) else None
-            raise KeepError(
-                f"--keep {args.keep}: its runs used {key} {found}, these use {value}: "
-                "the rows would not be comparable"
-            )
-    return earlier
-
-
-def keep_earlier(result, earlier, suite):
-    """result, with the games of `earlier` (read_earlier) that have no finished run in it, as
-    they are there, with the command, date and machine they came from (row["source"]): one
-    table of games run at different times, each row saying where its numbers come from. The
-    published returns beside a kept row are the suite's own, which may list more than the
-    earlier report did."""
-    source = {key: earlier.get(key) for key in ("command", "date", "machine", "overrides")}
-    merged = {}
-    for game in suite.games:
-        row = result["games"].get(game)
-        kept = earlier.get("games", {}).get(game)
-        if (row is None or not row["seeds"]) and kept and kept.get("seeds"):
-            row = {**with_curves_nan(kept), "source": kept.get("source", source),
-                   "published": suite.published[game]}  # fmt: skip
-        if row is not None:
-            merged[game] = row
-    result["games"] = merged
-    result["run_commits"] = run_commits(result)
-    return result
-
-
 def sources_lines(result):
     """For each game with runs: the command that made its row, when, on which machine."""
     lines = []
@@ -423,15 +383,6 @@ def no_nan(value):
     return value
 
 
-def with_curves_nan(row):
-    """A game's row of a results JSON, the nulls of its curves NaN again (no_nan undone)."""
-    seeds = {}
-    for seed, summary in row["seeds"].items():
-        curve = [[x, math.nan if y is None else y] for x, y in summary["curve"]]
-        seeds[seed] = {**summary, "curve": curve}
-    return {**row, "seeds": seeds}
-
-
 def git_commit():
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
@@ -473,8 +424,10 @@ def parse_args(suite, argv):
     parser.add_argument("--name", default=suite.name, help="file names: NAME-results.md, ...")
     parser.add_argument("--report-only", action="store_true", help="tables from --workdir only")
     keep = ("an earlier NAME-results.json: its games without a finished run here stay in the "
-            "table as they are, with the command that made them")  # fmt: skip
-    parser.add_argument("--keep", type=pathlib.Path, metavar="RESULTS_JSON", help=keep)
+            "table as they are, with the command that made them; may be given more than once "
+            "(the last file holding a game gives its row)")  # fmt: skip
+    parser.add_argument("--keep", type=pathlib.Path, action="append", default=[],
+                        metavar="RESULTS_JSON", help=keep)  # fmt: skip
     args = parser.parse_args(argv)
     unknown = sorted(set(args.games) - set(suite.games))
     if unknown:
@@ -500,8 +453,9 @@ def main(suite, argv=None):
         if seed < seeds[game]
     ]
     try:
-        earlier = read_earlier(args) if args.keep else None
-    except KeepError as e:
+        earlier = [kept.read_earlier(path, args.steps, args.peers, overrides(args))
+                   for path in args.keep]  # fmt: skip
+    except kept.KeepError as e:
         print(f"python -m bench.{suite.name}: error: {e}", file=sys.stderr)
         return 2
     if not args.report_only:
@@ -510,8 +464,9 @@ def main(suite, argv=None):
         signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
         run_all(args, runs)
     result = build_table(args, runs)
-    if earlier is not None:
-        result = keep_earlier(result, earlier, suite)
+    if earlier:
+        result = kept.keep_earlier(result, earlier, suite)
+        result["run_commits"] = run_commits(result)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / args.name
     pathlib.Path(f"{stem}-results.json").write_text(json.dumps(no_nan(result), indent=1) + "\n")

@@ -4,7 +4,7 @@ import json
 
 from helpers import write_results_run as write_run
 
-from bench import minatar
+from bench import kept, minatar
 
 
 def test_report_only_writes_the_table_per_seed_returns_json_and_curves(tmp_path):
@@ -31,3 +31,54 @@ def test_report_only_writes_the_table_per_seed_returns_json_and_curves(tmp_path)
     assert sorted(result["games"]["Breakout"]["seeds"]) == ["0", "1"]
     assert sorted(result["games"]["Seaquest"]["seeds"]) == ["0"]
     assert (out / "minatar-curves.png").stat().st_size > 10_000
+
+
+def report(workdir, out, games, *more):
+    argv = ["--games", games, "--seeds", "1", "--steps", "1000", "--report-only"]
+    return minatar.main([*argv, "--workdir", str(workdir), "--out", str(out), *more])
+
+
+def test_keep_takes_each_game_from_the_last_table_holding_it_screened_settings_included(tmp_path):
+    # Screens run with `--set` of the value the preset has now make the same experiment config as
+    # the preset alone: their rows are comparable, and each keeps the command that made it.
+    hidden = kept.experiment_config(["preset=minatar"])["minatar_hidden"]
+    screen = ["--set", f"minatar_hidden={hidden}"]
+    write_run(tmp_path / "a", "Breakout", 0, [1.0] * 9 + [30.0])
+    write_run(tmp_path / "a", "Seaquest", 0, [1.0] * 9 + [50.0])
+    assert report(tmp_path / "a", tmp_path / "out-a", "Breakout,Seaquest", *screen) == 0
+    write_run(tmp_path / "b", "Seaquest", 0, [1.0] * 9 + [90.0])
+    assert report(tmp_path / "b", tmp_path / "out-b", "Seaquest", *screen) == 0
+    write_run(tmp_path / "new", "Asterix", 0, [1.0] * 9 + [40.0])
+    earlier = [tmp_path / f"out-{x}" / "minatar-results.json" for x in "ab"]
+    keep = ["--keep", str(earlier[0]), "--keep", str(earlier[1])]
+    assert report(tmp_path / "new", tmp_path / "out", "Asterix", *keep) == 0
+
+    result = json.loads((tmp_path / "out" / "minatar-results.json").read_text())
+    assert list(result["games"]) == ["Asterix", "Breakout", "Seaquest"]
+    returns = {game: row["return_mean"] for game, row in result["games"].items()}
+    assert returns == {"Asterix": 40.0, "Breakout": 30.0, "Seaquest": 90.0}
+    assert result["overrides"] == ["preset=minatar"]
+    sources = {game: row["source"] for game, row in result["games"].items()}
+    assert f"minatar_hidden={hidden}" in sources["Breakout"]["command"]
+    assert sources["Seaquest"]["command"].endswith(f"--set minatar_hidden={hidden}")
+    assert "--keep" in sources["Asterix"]["command"]
+
+
+def test_keep_refuses_a_table_of_another_setting_naming_the_key_before_running(tmp_path, capsys):
+    hidden = kept.experiment_config(["preset=minatar"])["minatar_hidden"]
+    write_run(tmp_path / "a", "Breakout", 0, [1.0] * 9 + [30.0])
+    wider = ["--set", f"minatar_hidden={2 * hidden}"]
+    assert report(tmp_path / "a", tmp_path / "out-a", "Breakout", *wider) == 0
+    capsys.readouterr()
+
+    earlier = str(tmp_path / "out-a" / "minatar-results.json")
+    argv = ["--games", "Seaquest", "--steps", "1000", "--keep", earlier]
+    argv += ["--workdir", str(tmp_path / "new"), "--out", str(tmp_path / "out")]
+    assert minatar.main(argv) == 2  # not --report-only: refused before any run starts
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "differ in minatar_hidden)" in err[0]
+    assert not (tmp_path / "new").exists()
+    argv[4:4] = ["--set", "no_such_key=1"]
+    assert minatar.main(argv) == 2
+    assert "another experiment config" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists() and not (tmp_path / "out").exists()

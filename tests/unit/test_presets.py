@@ -30,6 +30,8 @@ def test_minatar_preset():
     assert flags.env.name == "MinAtar/Seaquest-v1"
     assert flags.device == "cpu" and flags.num_actor_cpus == 1
     assert flags.total_steps == 5_000_000 and flags.reward_clip == 0
+    # Breakout's seeds levelled off near 24 with the MinAtar paper's 128 units (docs/results.md)
+    assert flags.minatar_hidden == 256
 
 
 def test_minatar_preset_looks_far_ahead_and_explores_less_as_it_learns():
