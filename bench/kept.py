@@ -56,7 +56,7 @@ def read_earlier(path, steps, peers, overrides):
         earlier = json.loads(pathlib.Path(path).read_text())
     except (OSError, ValueError) as e:
         raise KeepError(f"--keep {path}: cannot read it as a results JSON ({e})") from None
-    if not isinstance(earlier, dict):
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("games"), dict):
         raise KeepError(f"--keep {path}: not a results JSON (no steps, peers or games)")
     for key, value in [("steps", steps), ("peers", peers)]:
         if earlier.get(key) != value:

@@ -81,4 +81,8 @@ def test_keep_refuses_a_table_of_another_setting_naming_the_key_before_running(t
     argv[4:4] = ["--set", "no_such_key=1"]
     assert minatar.main(argv) == 2
     assert "another experiment config" in capsys.readouterr().err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    argv[argv.index("--keep") + 1] = str(tmp_path / "list.json")
+    assert minatar.main(argv) == 2
+    assert "not a results JSON" in capsys.readouterr().err
     assert not (tmp_path / "new").exists() and not (tmp_path / "out").exists()
