@@ -321,10 +321,11 @@ def main(argv=None):
     finally:
         log.close()
     print(progress.summary(stop))
-    # moolib's objects are left alive: a process crashed with SIGSEGV after "done" in a full
-    # test run, when freeing them was the only moolib work left; the caller exits without the
-    # interpreter's teardown (exit_now) once this returns.
-    return 0
+    # Exit here, not by returning: a return frees main's locals, moolib's objects among them,
+    # and a process that had just joined a group crashed with SIGSEGV after "done" in full test
+    # runs (about one exit in twenty) when that was the only work left. exit_now also skips
+    # the interpreter's teardown, which moolib's objects could crash the same way.
+    exit_now(0)
 
 
 @torch.inference_mode()
@@ -452,6 +453,4 @@ def train(args, envs, workers, model, optimizer, broker, group, accumulator, pro
 
 
 if __name__ == "__main__":
-    # Everything is written and closed by now. moolib's objects can crash the interpreter's own
-    # teardown (SIGSEGV after "done", seen in about one run of twenty), so skip it.
-    exit_now(main())
+    main()  # exits through exit_now
