@@ -1,4 +1,4 @@
-"""Functions compiled by TorchScript, so that they run without Python's GIL.
+"""Functions and modules compiled by TorchScript, so that they run without Python's GIL.
 
 A V-trace peer computes its loss in a learner thread while the main thread acts, steps the
 optimizer and talks to moolib. Every torch call made from Python takes the GIL for its Python
@@ -28,3 +28,18 @@ def compiled(function):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return script(function)
+
+
+def traced(module, example_inputs):
+    """`module`'s forward pass as torch.jit.trace records it for inputs shaped like
+    `example_inputs` (a tuple), sharing the module's parameters; `module` itself where torch has
+    no TorchScript. The graph executor's optimizations stay off, as for compiled()."""
+    trace = getattr(torch.jit, "trace", None)
+    if trace is None or getattr(torch.jit, "script", None) is None:
+        return module
+    torch._C._set_graph_executor_optimize(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        # The shapes are those of this batch: a batch of another shape gets its own trace.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return trace(module, example_inputs, check_trace=False)

@@ -15,7 +15,13 @@ import time
 import torch
 
 from examples.common.torchscript import compiled
-from examples.vtrace.loss import LOSS_NAMES, entropy_cost, gradients, step_targets
+from examples.vtrace.loss import (
+    LOSS_NAMES,
+    TracedGradients,
+    entropy_cost,
+    gradients,
+    step_targets,
+)
 from examples.vtrace.models import frames_for_encode
 
 # A peer whose own gradients are not finite this many batches in a row stops (exit status 1):
@@ -27,13 +33,22 @@ class NonFiniteGradients(RuntimeError):
     """This peer's gradients kept coming out NaN or infinite; the message says what to do."""
 
 
-def checked_gradients(flags, model, batch, entropy_weight=None):
-    """gradients(), and whether every one of them is finite (checked in the learner thread).
-    `batch` may be a StepMinibatch, whose steps are picked here, in the learner thread."""
+def checked_gradients(flags, model, batch, entropy_weight=None, compute=gradients):
+    """compute()'s gradients (gradients() or a TracedGradients), and whether every one of them
+    is finite (checked in the learner thread). `batch` may be a StepMinibatch, whose steps are
+    picked here, in the learner thread."""
     if isinstance(batch, StepMinibatch):
         batch = batch.steps(flags, model)
-    grads, losses = gradients(flags, model, batch, entropy_weight)
+    grads, losses = compute(flags, model, batch, entropy_weight)
     return grads, losses, all_finite(grads)
+
+
+@compiled
+def copy_into(targets: list[torch.Tensor], sources: list[torch.Tensor]):
+    # One call, without the GIL: one copy_ per tensor from Python took the GIL for each.
+    with torch.no_grad():
+        for index in range(len(targets)):
+            targets[index].copy_(sources[index])
 
 
 @compiled
@@ -133,12 +148,13 @@ class AsyncLearner:
         self.flags = flags
         self.model = model
         self.model_copy = copy.deepcopy(model)
-        # (copy's tensor, live tensor) pairs, refreshed before every batch: load_state_dict's
+        # The copy's tensors and the live ones, refreshed before every batch: load_state_dict's
         # key matching cost more than the copies for MinAtar's 8 tensors.
-        self.copy_pairs = [
-            *zip(self.model_copy.parameters(), model.parameters(), strict=True),
-            *zip(self.model_copy.buffers(), model.buffers(), strict=True),
-        ]
+        self.copied_tensors = [*self.model_copy.parameters(), *self.model_copy.buffers()]
+        self.live_tensors = [*model.parameters(), *model.buffers()]
+        self.compute = (
+            TracedGradients(self.model_copy) if TracedGradients.fits(flags, model) else gradients
+        )
         self.thread = concurrent.futures.ThreadPoolExecutor(
             1, "learner", initializer=set_up_learner_thread, initargs=(torch.get_num_threads(),)
         )
@@ -182,10 +198,9 @@ class AsyncLearner:
         self.jobs.append((future, sync_id))
 
     def _gradients_on_live_weights(self, batch, entropy_weight):
-        with self.weights_lock, torch.no_grad():
-            for copied, live in self.copy_pairs:
-                copied.copy_(live)
-        return checked_gradients(self.flags, self.model_copy, batch, entropy_weight)
+        with self.weights_lock:
+            copy_into(self.copied_tensors, self.live_tensors)
+        return checked_gradients(self.flags, self.model_copy, batch, entropy_weight, self.compute)
 
     def wait(self, timeout):
         """Sleep up to `timeout` seconds, waking as soon as the oldest batch's gradients are

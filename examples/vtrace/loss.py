@@ -3,7 +3,8 @@
 import torch
 
 from examples.common import vtrace
-from examples.common.torchscript import compiled
+from examples.common.torchscript import compiled, traced
+from examples.vtrace.models import ActorCriticBase
 
 LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss", "clip_fraction"]
 
@@ -49,9 +50,14 @@ def vtrace_returns(flags, batch, outputs):
 def returns_arguments(flags, batch, outputs):
     """batch_returns()'s arguments (the first ones of actor_critic_loss too): TorchScript
     functions take tensors and numbers, not the batch's dict and the flags."""
+    return (outputs["policy_logits"], outputs["baseline"], *batch_arguments(flags, batch))
+
+
+def batch_arguments(flags, batch):
+    """returns_arguments() after the model's outputs: the batch's and the flags' part."""
     return (
-        outputs["policy_logits"], outputs["baseline"], batch["policy_logits"], batch["action"],
-        batch["reward"], batch["done"], batch.get("truncated"), batch.get("life_lost"),
+        batch["policy_logits"], batch["action"], batch["reward"], batch["done"],
+        batch.get("truncated"), batch.get("life_lost"),
         float(flags.reward_clip), float(flags.discounting), float(flags.vtrace_lambda),
     )  # fmt: skip
 
@@ -250,3 +256,100 @@ def gradients(flags, model, batch, entropy_weight=None):
     """The gradients (one per parameter, in order) and the losses of one learner batch."""
     loss, losses = compute_loss(flags, model, batch, entropy_weight)
     return torch.autograd.grad(loss, list(model.parameters())), losses
+
+
+class TracedGradients:
+    """gradients() for one model as a single TorchScript call: its forward pass as
+    torch.jit.trace records it (once per shape of the batch's frames), the loss and the backward
+    pass. The learner thread then takes the GIL about twice per batch instead of some forty
+    times (once around each module and op of the forward pass), while the main thread, which
+    acts, steps the optimizer and calls moolib, holds the GIL a third of the time: in idle
+    MinAtar runs a minibatch took 8.1-8.6 ms instead of 6.7-7.2, and the run made a fifth more
+    env steps/s (docs/results.md). The same gradients to the last bit.
+
+    Only where the trace records everything the model computes (fits()); elsewhere the learner
+    calls gradients()."""
+
+    def __init__(self, model):
+        self.model = model
+        self.parameters = list(model.parameters())
+        self.steps = {}  # (frame shape, dtype) -> the compiled step for such batches
+
+    @staticmethod
+    def fits(flags, model):
+        """One of models.py's nets without an LSTM (its chunks between episode ends are Python
+        control flow), in fp32 (autocast is not traced), on batches of whole unrolls (not
+        minibatch_steps' loss), on the CPU (the only device it was measured on)."""
+        return (
+            isinstance(model, ActorCriticBase)
+            and not model.use_lstm
+            and model.precision == "fp32"
+            and next(model.parameters()).device.type == "cpu"
+            and not flags.minibatch_steps
+        )
+
+    def __call__(self, flags, model, batch, entropy_weight=None):
+        """gradients(flags, model, batch, entropy_weight), for the model given when made."""
+        assert model is self.model, "a TracedGradients computes the gradients of one model"
+        if entropy_weight is None:
+            entropy_weight = flags.entropy_cost
+        frames = batch["state"]
+        key = (tuple(frames.shape), frames.dtype)
+        if key not in self.steps:
+            self.steps[key] = compiled(_GradientStep(traced(_Outputs(model), (frames,))))
+        grads, terms = self.steps[key](
+            frames, self.parameters, *batch_arguments(flags, batch),
+            float(flags.pg_clip), bool(flags.normalize_advantages), float(flags.baseline_cost),
+            float(entropy_weight),
+        )  # fmt: skip
+        return grads, loss_stats(terms)
+
+
+class _Outputs(torch.nn.Module):
+    """The model's logits and baselines for a batch's frames: what the trace records."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, frames):
+        outputs, _ = self.model({"state": frames})
+        return outputs["policy_logits"], outputs["baseline"]
+
+
+class _GradientStep(torch.nn.Module):
+    """The traced forward pass, actor_critic_loss and the backward pass, for TorchScript."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.outputs = outputs
+
+    def forward(
+        self,
+        frames: torch.Tensor,
+        parameters: list[torch.Tensor],
+        behavior_logits: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        dones: torch.Tensor,
+        truncated: torch.Tensor | None,
+        life_lost: torch.Tensor | None,
+        reward_clip: float,
+        discounting: float,
+        vtrace_lambda: float,
+        pg_clip: float,
+        normalize_advantages: bool,
+        baseline_cost: float,
+        entropy_weight: float,
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        logits, baselines = self.outputs(frames)
+        loss, terms = actor_critic_loss(
+            logits, baselines, behavior_logits, actions, rewards, dones, truncated, life_lost,
+            reward_clip, discounting, vtrace_lambda, pg_clip, normalize_advantages,
+            baseline_cost, entropy_weight,
+        )  # fmt: skip
+        grads: list[torch.Tensor] = []
+        for grad in torch.autograd.grad([loss], parameters):
+            assert grad is not None  # every parameter is in the loss (as for gradients())
+            grads.append(grad)
+        return grads, terms
