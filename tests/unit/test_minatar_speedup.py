@@ -1,11 +1,12 @@
-"""minatar_speedup: SpaceInvaders on bitboards steps exactly as MinAtar's own SpaceInvaders."""
+"""minatar_speedup: SpaceInvaders on bitboards steps exactly as MinAtar's own SpaceInvaders, and
+Freeway's frames written in one call are MinAtar's."""
 
 import numpy as np
 import pytest
 
 pytest.importorskip("minatar")
 from minatar import Environment  # noqa: E402
-from minatar.environments import space_invaders  # noqa: E402
+from minatar.environments import freeway, space_invaders  # noqa: E402
 
 from examples.common import minatar_speedup  # noqa: E402
 from examples.common.envs import make_env  # noqa: E402
@@ -114,5 +115,65 @@ def test_making_the_env_by_name_plays_on_bitboards(monkeypatch):
         assert type(env.unwrapped.game.env) is BitboardSpaceInvaders
         obs, _ = env.reset(seed=0)
         assert obs.shape == (10, 10, 6) and obs.dtype == bool and obs[:, :, 1].sum() == 24
+    finally:
+        env.close()
+
+
+OneCallFreeway = minatar_speedup.OneCallFreeway
+MinAtarFreeway = OneCallFreeway.__bases__[0]
+
+
+def test_freeways_frame_is_minatars_for_any_chicken_and_cars():
+    """Cars in every lane at every column (the edges, where the trail wraps around), at every
+    speed in both directions, and the chicken in every row."""
+    rng = np.random.default_rng(0)
+    theirs, ours = MinAtarFreeway(), OneCallFreeway()
+    for _ in range(3000):
+        pos = int(rng.integers(10))
+        speeds = rng.choice([-1, 1], 8) * rng.integers(1, 6, 8)
+        cars = [[int(rng.integers(10)), lane, int(rng.integers(6)), int(speeds[lane - 1])]
+                for lane in range(1, 9)]  # fmt: skip
+        for game in (theirs, ours):
+            game.pos, game.cars = pos, [list(car) for car in cars]
+        frame = ours.state()
+        np.testing.assert_array_equal(frame, theirs.state())
+        assert frame.shape == (10, 10, 7) and frame.dtype == bool and frame.flags.c_contiguous
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_seeded_freeway_games_play_the_same(seed):
+    """Whole games with sticky actions, under a seeded policy that mostly goes up."""
+    games = []
+    for game_class in (MinAtarFreeway, OneCallFreeway):
+        saved = freeway.Env
+        freeway.Env = game_class
+        try:
+            env = Environment("freeway", sticky_action_prob=0.1)
+        finally:
+            freeway.Env = saved
+        env.seed(seed)
+        env.reset()
+        actions = np.random.default_rng(seed).choice(3, size=6000, p=[0.2, 0.6, 0.2])
+        frames, rewards = [], []
+        for action in actions:
+            reward, done = env.act(int([0, 2, 4][action]))  # no-op, up, down
+            frames.append(env.state())
+            rewards.append(reward)
+            if done:
+                env.reset()
+        games.append((np.stack(frames), np.array(rewards)))
+    (frames, rewards), (our_frames, our_rewards) = games
+    assert rewards.sum() >= 10  # the chicken crossed
+    np.testing.assert_array_equal(our_frames, frames)
+    np.testing.assert_array_equal(our_rewards, rewards)
+
+
+def test_making_freeway_by_name_writes_its_frames_in_one_call(monkeypatch):
+    monkeypatch.setattr(freeway, "Env", MinAtarFreeway)
+    env = make_env("MinAtar/Freeway-v1", seed=0)
+    try:
+        assert type(env.unwrapped.game.env) is OneCallFreeway
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (10, 10, 7) and obs.dtype == bool and obs[:, :, 1].sum() == 8
     finally:
         env.close()
