@@ -75,21 +75,23 @@ def test_every_step_from_random_states_is_minatars():
     assert min(seen.values()) >= 20, seen  # every rule was exercised
 
 
-def play(game_class, seed, steps=4000):
-    """Observations, rewards and ends of a seeded game of SpaceInvaders with sticky actions,
-    under a seeded policy that fires often."""
-    saved = space_invaders.Env
-    space_invaders.Env = game_class  # the class MinAtar's Environment builds
+def play(module, game_class, seed, policy, actions=None, steps=4000):
+    """Observations, rewards and ends of a seeded game of MinAtar's game `module` played by
+    `game_class`, with sticky actions, under a seeded random policy (probabilities `policy`
+    over `actions`, or over all six)."""
+    saved = module.Env
+    module.Env = game_class  # the class MinAtar's Environment builds
     try:
-        env = Environment("space_invaders", sticky_action_prob=0.1)
+        env = Environment(module.__name__.rsplit(".", 1)[-1], sticky_action_prob=0.1)
     finally:
-        space_invaders.Env = saved
+        module.Env = saved
     env.seed(seed)
     env.reset()
-    actions = np.random.default_rng(seed).choice(6, size=steps, p=[0.1, 0.15, 0.15, 0.1, 0.1, 0.4])
+    actions = actions or list(range(6))
+    chosen = np.random.default_rng(seed).choice(len(actions), size=steps, p=policy)
     frames, rewards, ends = [], [], []
-    for action in actions:
-        reward, done = env.act(int(action))
+    for choice in chosen:
+        reward, done = env.act(actions[choice])
         frames.append(env.state())
         rewards.append(reward)
         ends.append(done)
@@ -98,10 +100,15 @@ def play(game_class, seed, steps=4000):
     return np.stack(frames), np.array(rewards), np.array(ends)
 
 
+FIRES_OFTEN = [0.1, 0.15, 0.15, 0.1, 0.1, 0.4]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seeded_games_play_the_same(seed):
-    frames, rewards, ends = play(MinAtarSpaceInvaders, seed)
-    our_frames, our_rewards, our_ends = play(BitboardSpaceInvaders, seed)
+    frames, rewards, ends = play(space_invaders, MinAtarSpaceInvaders, seed, FIRES_OFTEN)
+    our_frames, our_rewards, our_ends = play(
+        space_invaders, BitboardSpaceInvaders, seed, FIRES_OFTEN
+    )
     assert rewards.sum() > 100 and ends.sum() >= 50  # aliens were shot, games ended
     np.testing.assert_array_equal(our_frames, frames)
     np.testing.assert_array_equal(our_rewards, rewards)
@@ -143,28 +150,11 @@ def test_freeways_frame_is_minatars_for_any_chicken_and_cars():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_seeded_freeway_games_play_the_same(seed):
     """Whole games with sticky actions, under a seeded policy that mostly goes up."""
-    games = []
-    for game_class in (MinAtarFreeway, OneCallFreeway):
-        saved = freeway.Env
-        freeway.Env = game_class
-        try:
-            env = Environment("freeway", sticky_action_prob=0.1)
-        finally:
-            freeway.Env = saved
-        env.seed(seed)
-        env.reset()
-        actions = np.random.default_rng(seed).choice(3, size=6000, p=[0.2, 0.6, 0.2])
-        frames, rewards = [], []
-        for action in actions:
-            reward, done = env.act(int([0, 2, 4][action]))  # no-op, up, down
-            frames.append(env.state())
-            rewards.append(reward)
-            if done:
-                env.reset()
-        games.append((np.stack(frames), np.array(rewards)))
-    (frames, rewards), (our_frames, our_rewards) = games
+    no_op_up_down, mostly_up = [0, 2, 4], [0.2, 0.6, 0.2]
+    frames, rewards, _ = play(freeway, MinAtarFreeway, seed, mostly_up, no_op_up_down, 6000)
+    ours, our_rewards, _ = play(freeway, OneCallFreeway, seed, mostly_up, no_op_up_down, 6000)
     assert rewards.sum() >= 10  # the chicken crossed
-    np.testing.assert_array_equal(our_frames, frames)
+    np.testing.assert_array_equal(ours, frames)
     np.testing.assert_array_equal(our_rewards, rewards)
 
 
