@@ -115,17 +115,6 @@ def test_seeded_games_play_the_same(seed):
     np.testing.assert_array_equal(our_ends, ends)
 
 
-def test_making_the_env_by_name_plays_on_bitboards(monkeypatch):
-    monkeypatch.setattr(space_invaders, "Env", MinAtarSpaceInvaders)
-    env = make_env("MinAtar/SpaceInvaders-v1", seed=0)
-    try:
-        assert type(env.unwrapped.game.env) is BitboardSpaceInvaders
-        obs, _ = env.reset(seed=0)
-        assert obs.shape == (10, 10, 6) and obs.dtype == bool and obs[:, :, 1].sum() == 24
-    finally:
-        env.close()
-
-
 OneCallFreeway = minatar_speedup.OneCallFreeway
 MinAtarFreeway = OneCallFreeway.__bases__[0]
 
@@ -158,12 +147,19 @@ def test_seeded_freeway_games_play_the_same(seed):
     np.testing.assert_array_equal(our_rewards, rewards)
 
 
-def test_making_freeway_by_name_writes_its_frames_in_one_call(monkeypatch):
-    monkeypatch.setattr(freeway, "Env", MinAtarFreeway)
-    env = make_env("MinAtar/Freeway-v1", seed=0)
+@pytest.mark.parametrize(
+    "name, module, ours, shape, channel_1",  # channel 1: SpaceInvaders' aliens, Freeway's cars
+    [
+        ("SpaceInvaders", space_invaders, BitboardSpaceInvaders, (10, 10, 6), 24),
+        ("Freeway", freeway, OneCallFreeway, (10, 10, 7), 8),
+    ],
+)
+def test_making_the_env_by_name_builds_ours(monkeypatch, name, module, ours, shape, channel_1):
+    monkeypatch.setattr(module, "Env", ours.__bases__[0])  # MinAtar's own, as before install()
+    env = make_env(f"MinAtar/{name}-v1", seed=0)
     try:
-        assert type(env.unwrapped.game.env) is OneCallFreeway
+        assert type(env.unwrapped.game.env) is ours
         obs, _ = env.reset(seed=0)
-        assert obs.shape == (10, 10, 7) and obs.dtype == bool and obs[:, :, 1].sum() == 8
+        assert obs.shape == shape and obs.dtype == bool and obs[:, :, 1].sum() == channel_1
     finally:
         env.close()
