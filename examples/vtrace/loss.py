@@ -261,11 +261,11 @@ def gradients(flags, model, batch, entropy_weight=None):
 class TracedGradients:
     """gradients() for one model as a single TorchScript call: its forward pass as
     torch.jit.trace records it (once per shape of the batch's frames), the loss and the backward
-    pass. The learner thread then takes the GIL about twice per batch instead of some forty
-    times (once around each module and op of the forward pass), while the main thread, which
-    acts, steps the optimizer and calls moolib, holds the GIL a third of the time: in idle
-    MinAtar runs a minibatch took 8.1-8.6 ms instead of 6.7-7.2, and the run made a fifth more
-    env steps/s (docs/results.md). The same gradients to the last bit.
+    pass. The learner thread then calls 3 torch functions from Python per batch instead of 19
+    (each takes the GIL again when its kernel returns), while the main thread, which acts,
+    steps the optimizer and calls moolib, holds the GIL a third of the time: in idle MinAtar
+    runs a minibatch took 6.7-7.2 ms instead of 8.1-8.6, and the run made a fifth more env
+    steps/s (docs/results.md). The same gradients to the last bit.
 
     Only where the trace records everything the model computes (fits()); elsewhere the learner
     calls gradients()."""
