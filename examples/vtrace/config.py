@@ -49,6 +49,11 @@ class OptimizerConfig:  # Adam
     # The env step at which the rate's linear decay reaches 0; null: total_steps. A horizon past
     # total_steps keeps the rate up to the end (CleanRL's Atari PPO decays over 10M agent steps).
     decay_steps: int | None = None
+    # How a step's rate follows the unrolls it learns from (its virtual batch, over all peers)
+    # against virtual_batch_size: none; linear (x the ratio); sqrt. A lone peer's steps hold
+    # virtual_batch_size unrolls, so this changes nothing for it; two peers' batches often land
+    # in one step, and without it they take fewer, equally long steps per env step.
+    batch_scaling: str = "none"
 
 
 @dataclass
@@ -182,6 +187,7 @@ ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 CONFIG_DIR = pathlib.Path(__file__).parent
 
+BATCH_SCALINGS = ("none", "linear", "sqrt")
 POSITIVE_INTEGERS = ["actor_batch_size", "num_actor_batches", "num_actor_cpus", "batch_size",
                      "unroll_length", "virtual_batch_size", "total_steps", "learner_passes",
                      "learner_minibatches", "env.num_action_repeats", "minatar_hidden"]  # fmt: skip
@@ -249,6 +255,11 @@ def check_numbers(flags):
 
 def check_choices(flags):
     """Keys that name one of a few choices."""
+    if flags.optimizer.batch_scaling not in BATCH_SCALINGS:
+        names = ", ".join(BATCH_SCALINGS)
+        raise ConfigError(
+            f"optimizer.batch_scaling must be one of {names}, got {flags.optimizer.batch_scaling!r}"
+        )
     if flags.precision not in ("auto", *PRECISIONS):
         raise ConfigError(f"precision must be auto, fp32 or bf16, got {flags.precision!r}")
     if flags.atari_net not in ATARI_NETS:

@@ -1,5 +1,7 @@
 """Adam, its learning-rate schedule, and one optimizer step on the group's reduced gradients."""
 
+import math
+
 import torch
 from torch import nn
 
@@ -16,13 +18,20 @@ def create_optimizer(flags, model):
     )
 
 
-def learning_rate(flags, env_train_steps):
+def learning_rate(flags, env_train_steps, virtual_batch=None):
     """Linear warm-up over `warmup` steps, then linear decay to 0 at optimizer.decay_steps
-    (total_steps when that is null)."""
+    (total_steps when that is null); scaled by the step's `virtual_batch` (unrolls) against
+    virtual_batch_size as optimizer.batch_scaling says."""
     decay_steps = flags.optimizer.decay_steps or flags.total_steps
     scale = max(0.0, 1.0 - env_train_steps / decay_steps)
     if flags.warmup > 0:
         scale *= min(1.0, env_train_steps / flags.warmup)
+    if virtual_batch is not None and flags.optimizer.batch_scaling != "none":
+        # Adam's step is about the rate, however many unrolls went into the gradient: a step
+        # of two peers' batches moves the weights as far as one peer's step does, so two
+        # peers move half as far per env step. Linear scaling restores one peer's pace.
+        ratio = virtual_batch / flags.virtual_batch_size
+        scale *= ratio if flags.optimizer.batch_scaling == "linear" else math.sqrt(ratio)
     return flags.optimizer.learning_rate * scale
 
 
@@ -39,7 +48,7 @@ def step_optimizer(flags, state, accumulator):
     # Every batch is learned from learner_passes times: env steps are the new samples only.
     state.env_train_steps = state.learned_samples // flags.learner_passes
     for param_group in state.optimizer.param_groups:
-        param_group["lr"] = learning_rate(flags, state.env_train_steps)
+        param_group["lr"] = learning_rate(flags, state.env_train_steps, virtual_batch)
     grad_norm = nn.utils.clip_grad_norm_(state.model.parameters(), flags.grad_norm_clipping)
     if torch.isfinite(grad_norm):
         state.optimizer.step()

@@ -33,3 +33,29 @@ def test_warmup_scales_the_decayed_rate():
 def test_decay_steps_must_be_positive(bad):
     with pytest.raises(ConfigError, match="optimizer.decay_steps"):
         check_flags(OmegaConf.structured(flags(decay_steps=bad)))
+
+
+def scaled(batch_scaling, virtual_batch):
+    config = flags()
+    config.virtual_batch_size = 8
+    config.optimizer.batch_scaling = batch_scaling
+    return learning_rate(config, 0, virtual_batch)
+
+
+@pytest.mark.parametrize("batch_scaling", ["none", "linear", "sqrt"])
+def test_a_step_of_virtual_batch_size_unrolls_keeps_the_rate(batch_scaling):
+    assert scaled(batch_scaling, 8) == pytest.approx(0.001)
+
+
+def test_batch_scaling_follows_the_unrolls_of_the_step():
+    assert scaled("none", 16) == pytest.approx(0.001)
+    assert scaled("linear", 16) == pytest.approx(0.002)
+    assert scaled("linear", 24) == pytest.approx(0.003)
+    assert scaled("sqrt", 32) == pytest.approx(0.002)
+
+
+def test_batch_scaling_must_name_a_choice():
+    config = flags()
+    config.optimizer.batch_scaling = "cubic"
+    with pytest.raises(ConfigError, match="optimizer.batch_scaling must be one of none, linear"):
+        check_flags(OmegaConf.structured(config))
