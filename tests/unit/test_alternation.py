@@ -9,6 +9,7 @@ import torch
 from helpers import LonePeerAccumulator, linear_learner_state
 
 from examples.vtrace.actor import LearnerQueue
+from examples.vtrace.config import OptimizerConfig
 from examples.vtrace.experiment import learn
 from examples.vtrace.learner import AsyncLearner
 
@@ -21,7 +22,7 @@ def flags(max_queued_batches):
         learner_minibatches=MINIBATCHES, minibatch_steps=False, seed=0, unroll_length=2,
         batch_size=2, virtual_batch_size=1, total_steps=10**6, warmup=0, entropy_cost=0.01,
         entropy_cost_end=None,
-        grad_norm_clipping=40.0, optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
+        grad_norm_clipping=40.0, optimizer=OptimizerConfig(learning_rate=0.001),
     )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 from helpers import LonePeerAccumulator, Queue, linear_learner_state
 
+from examples.vtrace.config import OptimizerConfig
 from examples.vtrace.experiment import learn
 from examples.vtrace.learner import AsyncLearner
 
@@ -14,7 +15,7 @@ FLAGS = SimpleNamespace(
     batch_size=1,
     virtual_batch_size=1, total_steps=10**6, warmup=0, grad_norm_clipping=40.0,
     entropy_cost=0.01, entropy_cost_end=None,
-    optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
+    optimizer=OptimizerConfig(learning_rate=0.001),
 )  # fmt: skip
 
 

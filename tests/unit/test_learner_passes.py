@@ -3,12 +3,14 @@ counts as new env steps (the learning-rate schedule and total_steps are in env s
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from helpers import Queue, linear_learner_state
 from torch import nn
 
+from examples.vtrace.config import OptimizerConfig
 from examples.vtrace.learner import AsyncLearner, minibatches
-from examples.vtrace.optimizer import step_optimizer
+from examples.vtrace.optimizer import learning_rate, step_optimizer
 
 
 class Accumulator:
@@ -27,7 +29,7 @@ def flags(passes, minibatches=1):
         learner_passes=passes, learner_minibatches=minibatches, minibatch_steps=False, seed=0,
         unroll_length=20, batch_size=8, virtual_batch_size=8 // minibatches,
         total_steps=10**6, warmup=0, grad_norm_clipping=40.0, entropy_cost=0.01,
-        entropy_cost_end=None, optimizer=SimpleNamespace(learning_rate=0.001, decay_steps=None),
+        entropy_cost_end=None, optimizer=OptimizerConfig(learning_rate=0.001),
     )  # fmt: skip
 
 
@@ -111,6 +113,16 @@ def test_one_pass_counts_as_before():
     s = linear_learner_state()
     step_optimizer(flags(1), s, Accumulator(8))
     assert s.env_train_steps == 8 * 20
+
+
+def test_a_step_of_two_peers_batches_takes_the_rate_scaled_by_its_unrolls():
+    s = linear_learner_state()
+    settings = flags(1)
+    settings.optimizer.batch_scaling = "linear"
+    step_optimizer(settings, s, Accumulator(16))  # both peers' batches of 8 in one step
+    assert s.optimizer.param_groups[0]["lr"] == pytest.approx(2 * learning_rate(settings, 320))
+    step_optimizer(settings, s, Accumulator(8))  # one peer's batch alone
+    assert s.optimizer.param_groups[0]["lr"] == pytest.approx(learning_rate(settings, 480))
 
 
 def test_checkpoint_from_before_learner_passes():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from examples.vtrace import learner as learner_module
+from examples.vtrace.config import OptimizerConfig
 from examples.vtrace.learner import MAX_NONFINITE_BATCHES, AsyncLearner, NonFiniteGradients
 from examples.vtrace.optimizer import create_optimizer, step_optimizer
 from examples.vtrace.state import LearnerState
@@ -20,8 +21,7 @@ FLAGS = SimpleNamespace(
     batch_size=4,
     virtual_batch_size=4, total_steps=10**6, entropy_cost=0.01, entropy_cost_end=None,
     warmup=0, grad_norm_clipping=40.0,
-    optimizer=SimpleNamespace(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                              decay_steps=None),
+    optimizer=OptimizerConfig(learning_rate=0.01),
 )  # fmt: skip
 
 
