@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import typing
 
@@ -362,12 +363,13 @@ def plot_curves(result, path, result_suite):
         ax.set_ylabel("mean episode return")
     most = max(range(len(games)), key=lambda i: len(result["games"][games[i]]["seeds"]))
     axes[most].legend(fontsize=7)
-    fig.suptitle(
+    title = (
         f"V-trace, {' '.join(result['overrides'])}, {result['peers']} peer(s) on one "
         f"{result['machine']['cpus']}-CPU machine, {seed_counts(result)} seed(s) per game "
-        f"(code at commit {', '.join(result['run_commits'])})",
-        fontsize=9,
+        f"(code at commit {', '.join(result['run_commits'])})"
     )
+    # Wrapped to the figure's width: a one-game figure cut a long --set's title at both ends.
+    fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 15)), fontsize=9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
