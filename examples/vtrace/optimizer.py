@@ -67,7 +67,8 @@ def clip_and_step(optimizer, max_norm):
     params = group["params"]
     states = [optimizer.state.get(param) for param in params]
     plain_adam = not (group["amsgrad"] or group["maximize"] or group["weight_decay"])
-    if len(optimizer.param_groups) == 1 and group["fused"] and plain_adam and all(states):
+    every_one = all(states) and all(param.grad is not None for param in params)
+    if len(optimizer.param_groups) == 1 and group["fused"] and plain_adam and every_one:
         beta_1, beta_2 = group["betas"]
         return _clipped_fused_adam(
             params, [param.grad for param in params], [state["exp_avg"] for state in states],

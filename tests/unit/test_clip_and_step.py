@@ -96,3 +96,16 @@ def test_a_checkpointed_state_steps_on_alike():
         reference_step(model_a, adam_a)
         clip_and_step(adam_b, MAX_NORM)
     assert_same(model_a, adam_a, model_b, adam_b)
+
+
+def test_a_parameter_without_a_gradient_is_left_as_adam_leaves_it():
+    model_a, adam_a = model_and_adam(fused=True)
+    model_b, adam_b = model_and_adam(fused=True)
+    for step in range(4):
+        give_gradients(model_a, step)
+        give_gradients(model_b, step)
+        if step == 2:
+            model_a[2].bias.grad = model_b[2].bias.grad = None
+        reference_step(model_a, adam_a)
+        clip_and_step(adam_b, MAX_NORM)
+        assert_same(model_a, adam_a, model_b, adam_b)
