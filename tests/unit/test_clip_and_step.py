@@ -36,6 +36,16 @@ def reference_step(model, optimizer):
     return norm
 
 
+def step_both(model_a, adam_a, model_b, adam_b, step, without_bias_grad=False):
+    """The same gradients to both models; the reference step on a, clip_and_step on b.
+    Returns both norms."""
+    give_gradients(model_a, step)
+    give_gradients(model_b, step)
+    if without_bias_grad:
+        model_a[2].bias.grad = model_b[2].bias.grad = None
+    return reference_step(model_a, adam_a), clip_and_step(adam_b, MAX_NORM)
+
+
 def assert_same(model_a, adam_a, model_b, adam_b):
     for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -51,10 +61,7 @@ def test_the_same_weights_and_state_as_clip_grad_norm_and_adam_step(adam):
     model_b, adam_b = model_and_adam(**adam)
     norms = []
     for step in range(12):
-        give_gradients(model_a, step)
-        give_gradients(model_b, step)
-        expected = reference_step(model_a, adam_a)
-        norm = clip_and_step(adam_b, MAX_NORM)
+        expected, norm = step_both(model_a, adam_a, model_b, adam_b, step)
         assert norm == pytest.approx(expected, rel=1e-6, nan_ok=True)
         norms.append(norm)
         assert_same(model_a, adam_a, model_b, adam_b)
@@ -91,10 +98,7 @@ def test_a_checkpointed_state_steps_on_alike():
     model_b.load_state_dict(checkpoint["model"])
     adam_b.load_state_dict(checkpoint["adam"])
     for step in range(3, 6):
-        give_gradients(model_a, step)
-        give_gradients(model_b, step)
-        reference_step(model_a, adam_a)
-        clip_and_step(adam_b, MAX_NORM)
+        step_both(model_a, adam_a, model_b, adam_b, step)
     assert_same(model_a, adam_a, model_b, adam_b)
 
 
@@ -102,10 +106,5 @@ def test_a_parameter_without_a_gradient_is_left_as_adam_leaves_it():
     model_a, adam_a = model_and_adam(fused=True)
     model_b, adam_b = model_and_adam(fused=True)
     for step in range(4):
-        give_gradients(model_a, step)
-        give_gradients(model_b, step)
-        if step == 2:
-            model_a[2].bias.grad = model_b[2].bias.grad = None
-        reference_step(model_a, adam_a)
-        clip_and_step(adam_b, MAX_NORM)
+        step_both(model_a, adam_a, model_b, adam_b, step, without_bias_grad=step == 2)
         assert_same(model_a, adam_a, model_b, adam_b)
