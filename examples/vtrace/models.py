@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from examples.vtrace.active_features import linear_on_active_features
+
 # MinAtar frames are 10x10; anything this small and channels-last is treated as MinAtar.
 MINATAR_MAX_SIDE = 16
 
@@ -321,7 +323,8 @@ class MinAtarNet(ActorCriticBase):
         # The conv answers channels-last input in channels-last; flatten needs NCHW order, and
         # ReLU's backward between the two layouts took 1 ms of the learner's 12 per minibatch.
         x = F.relu(self.conv(x).contiguous())
-        return F.relu(self.norm(self.fc(x.flatten(1))))
+        hidden = linear_on_active_features(x.flatten(1), self.fc.weight, self.fc.bias)
+        return F.relu(self.norm(hidden))
 
 
 class MLPNet(ActorCriticBase):
