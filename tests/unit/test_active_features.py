@@ -93,3 +93,14 @@ def test_minatar_net_matches_the_dense_hidden_layer_on_sparse_frames():
             expected = (hidden, *grads)
     for want, have in zip(expected, got, strict=True):
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
+
+
+def test_off_the_cpu_the_product_stays_dense_without_counting_columns():
+    """Counting the active columns (nonzero) would make the CPU wait for a GPU: elsewhere than on
+    the CPU the layer is F.linear. Meta tensors have no values, so nonzero() would fail on them."""
+    features = torch.empty(ROWS, FEATURES, device="meta")
+    weight, bias = (torch.empty(UNITS, FEATURES, device="meta"), torch.empty(UNITS, device="meta"))
+    with pytest.raises(NotImplementedError):
+        torch.nonzero(features)
+    output = linear_on_active_features(features, weight, bias)
+    assert output.device.type == "meta" and output.shape == (ROWS, UNITS)
