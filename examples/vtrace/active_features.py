@@ -3,7 +3,7 @@
 MinAtar's network feeds the ReLU of its convolution (16 x 8 x 8 = 1,024 features) to a hidden
 layer of 256 units: its three products (forward, the weights' and the features' gradients) are
 about a third of the learner's time. As an agent learns, most of those features go silent for
-every frame: in the table's trained nets, 25-90 of the 1,024 were non-zero anywhere in a learner
+every frame: in the table's trained nets, 25-92 of the 1,024 were non-zero anywhere in a learner
 batch of 168 frames on Freeway, about 190 on SpaceInvaders, 430-710 on Breakout and Asterix
 (docs/results.md). A silent feature adds nothing to the product and gets no gradient through the
 ReLU before it, so leaving it out changes no sum but the zeros it would add.

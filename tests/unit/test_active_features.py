@@ -14,8 +14,8 @@ ROWS, FEATURES, UNITS = 168, 1024, 256
 
 
 def relu_features(active_columns, seed=0):
-    """[ROWS, FEATURES] ReLU outputs, non-zero only in `active_columns` (zero in a third of the
-    rows there too)."""
+    """[ROWS, FEATURES] ReLU outputs, non-zero only in `active_columns` (and zero in about half
+    of the rows there too, as a ReLU's outputs are)."""
     generator = torch.Generator().manual_seed(seed)
     features = torch.zeros(ROWS, FEATURES)
     columns = torch.randperm(FEATURES, generator=generator)[:active_columns]
@@ -60,7 +60,8 @@ def test_nan_and_infinity_in_a_feature_reach_the_output_as_in_the_dense_layer():
     weight, bias = layer()
     for bad in (math.nan, math.inf):
         features = relu_features(20)
-        features[3, 7] = bad  # a column silent elsewhere
+        silent_column = int((features.sum(0) == 0).nonzero()[0])
+        features[3, silent_column] = bad  # the only non-zero entry of its column
         dense = F.linear(features, weight, bias)
         gathered = linear_on_active_features(features, weight, bias)
         assert torch.equal(dense.isnan(), gathered.isnan())
@@ -84,13 +85,12 @@ def test_minatar_net_matches_the_dense_hidden_layer_on_sparse_frames():
     features = F.relu(net.conv(frames.permute(0, 3, 1, 2).float())).flatten(1)
     assert 0 < int((features.sum(0) != 0).sum()) <= FEATURES // 2  # the gathered path
     params = list(net.conv.parameters()) + list(net.fc.parameters())
-    for encode in (net.encode, dense_encode):
+
+    def hidden_and_gradients(encode):
         hidden = encode(frames)
-        grads = torch.autograd.grad(hidden.square().sum(), params)
-        if encode == net.encode:
-            got = (hidden, *grads)
-        else:
-            expected = (hidden, *grads)
+        return [hidden, *torch.autograd.grad(hidden.square().sum(), params)]
+
+    expected, got = hidden_and_gradients(dense_encode), hidden_and_gradients(net.encode)
     for want, have in zip(expected, got, strict=True):
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
 
