@@ -41,7 +41,7 @@ def matching_pids(pattern, skipped):
         if not entry.name.isdigit() or int(entry.name) in skipped:
             continue
         try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # it ended meanwhile
             continue
         if pattern in command:
