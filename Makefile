@@ -22,9 +22,11 @@ install:
 	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) numpy $(TORCH)
 	$(PY) scripts/build_moolib.py
 	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) -e '.[test]'
+	$(PY) scripts/build_minatar_torso.py
 	@touch $(STAMP)
 
-$(STAMP): setup.py scripts/build_moolib.py Makefile
+$(STAMP): setup.py scripts/build_moolib.py scripts/build_minatar_torso.py \
+		examples/vtrace/csrc/minatar_torso.cpp Makefile
 	$(MAKE) install
 
 run: $(STAMP)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from examples.vtrace.active_features import linear_on_active_features
+from examples.vtrace.minatar_torso import minatar_torso
 
 # MinAtar frames are 10x10; anything this small and channels-last is treated as MinAtar.
 MINATAR_MAX_SIDE = 16
@@ -313,18 +313,17 @@ class MinAtarNet(ActorCriticBase):
         # gives 16 x 8 x 8 = 1024 features, so results stay comparable with published ones.
         self.conv = nn.Conv2d(channels, 16, kernel_size=3, stride=1)
         self.fc = nn.Linear(16 * (height - 2) * (width - 2), self.hidden_size)
+        # The same [hidden, features] weight, stored transposed: the sparse torso reads each
+        # feature's weights as one row of memory (minatar_torso.py). Checkpoints hold the
+        # values either way; loading copies them into this layout.
+        self.fc.weight = nn.Parameter(self.fc.weight.detach().t().contiguous().t())
         # A hidden unit whose sum is below zero on every frame gets no gradient through its
         # ReLU and stops learning; behind a layer norm it still learns, through the layer's mean
         # and spread, which all units share (docs/results.md).
         self.norm = nn.LayerNorm(self.hidden_size) if layer_norm else nn.Identity()
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.permute(0, 3, 1, 2).float()
-        # The conv answers channels-last input in channels-last; flatten needs NCHW order, and
-        # ReLU's backward between the two layouts took 1 ms of the learner's 12 per minibatch.
-        x = F.relu(self.conv(x).contiguous())
-        hidden = linear_on_active_features(x.flatten(1), self.fc.weight, self.fc.bias)
-        return F.relu(self.norm(hidden))
+        return F.relu(self.norm(minatar_torso(obs, self.conv, self.fc)))
 
 
 class MLPNet(ActorCriticBase):
