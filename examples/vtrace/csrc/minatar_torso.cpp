@@ -24,8 +24,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Each kernel is compiled for AVX-512, AVX2 and plain x86-64; the loader picks what the CPU has.
+// On x86-64 each kernel is compiled for AVX-512, AVX2 and the baseline; the loader picks what
+// the CPU has, so one build runs on every node of a cluster.
+#if defined(__x86_64__)
 #define MULTI_ISA __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MULTI_ISA
+#endif
 
 constexpr int64_t kKernel = 3;
 
@@ -34,19 +39,19 @@ struct Dims {
   int64_t out_channels, out_height, out_width, positions, features, hidden;
 };
 
-Dims dims_of(const at::Tensor& frames, const at::Tensor& conv_weight,
-             const at::Tensor& fc_weight) {
+// frames [N, H, W, C] through a 3x3 convolution of out_channels into a hidden layer.
+Dims dims_of(at::IntArrayRef frames, int64_t out_channels, int64_t hidden) {
   Dims d;
-  d.frames = frames.size(0);
-  d.height = frames.size(1);
-  d.width = frames.size(2);
-  d.channels = frames.size(3);
-  d.out_channels = conv_weight.size(0);
+  d.frames = frames[0];
+  d.height = frames[1];
+  d.width = frames[2];
+  d.channels = frames[3];
+  d.out_channels = out_channels;
   d.out_height = d.height - kKernel + 1;
   d.out_width = d.width - kKernel + 1;
   d.positions = d.out_height * d.out_width;
   d.features = d.out_channels * d.positions;
-  d.hidden = fc_weight.size(0);
+  d.hidden = hidden;
   return d;
 }
 
@@ -231,7 +236,7 @@ void check_inputs(const at::Tensor& frames, const at::Tensor& conv_weight,
               "minatar_torso: conv_weight must be [O, C, 3, 3]");
   TORCH_CHECK(conv_bias.dim() == 1 && conv_bias.size(0) == conv_weight.size(0),
               "minatar_torso: conv_bias must be [O]");
-  const Dims d = dims_of(frames, conv_weight, fc_weight);
+  const Dims d = dims_of(frames.sizes(), conv_weight.size(0), fc_weight.size(0));
   TORCH_CHECK(fc_weight.dim() == 2 && fc_weight.size(1) == d.features,
               "minatar_torso: fc_weight must be [Hd, O * (H - 2) * (W - 2)]");
   TORCH_CHECK(fc_bias.dim() == 1 && fc_bias.size(0) == d.hidden,
@@ -249,7 +254,7 @@ class Torso : public torch::autograd::Function<Torso> {
                             const at::Tensor& conv_weight, const at::Tensor& conv_bias,
                             const at::Tensor& fc_weight, const at::Tensor& fc_bias) {
     check_inputs(frames, conv_weight, conv_bias, fc_weight, fc_bias);
-    const Dims d = dims_of(frames, conv_weight, fc_weight);
+    const Dims d = dims_of(frames.sizes(), conv_weight.size(0), fc_weight.size(0));
     const auto x = frames.contiguous();
     // [C, 3, 3, O]: the O weights an input cell meets at one kernel offset, side by side.
     const auto conv_w = conv_weight.permute({1, 2, 3, 0}).contiguous();
@@ -288,17 +293,8 @@ class Torso : public torch::autograd::Function<Torso> {
     const auto &x = saved[0], &table = saved[1], &ptr = saved[2], &index = saved[3],
                &value = saved[4], &features = saved[5];
     const auto grad = grads[0].contiguous();
-    Dims d;
-    d.frames = x.size(0);
-    d.height = x.size(1);
-    d.width = x.size(2);
-    d.channels = x.size(3);
-    d.out_channels = ctx->saved_data["out_channels"].toInt();
-    d.out_height = d.height - kKernel + 1;
-    d.out_width = d.width - kKernel + 1;
-    d.positions = d.out_height * d.out_width;
-    d.features = d.out_channels * d.positions;
-    d.hidden = table.size(1);
+    const Dims d =
+        dims_of(x.sizes(), ctx->saved_data["out_channels"].toInt(), table.size(1));
 
     at::Tensor grad_table, grad_features;
     if (features.defined()) {
