@@ -11,6 +11,7 @@ virtual machine only timings taken side by side compare.
 """
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ from examples.vtrace import minatar_torso
 from examples.vtrace.models import MinAtarNet
 
 LEARNER_FRAMES, ACTING_FRAMES = 168, 64
+GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
 
 
 def frames_of(game: str, count: int, seed: int = 0) -> torch.Tensor:
@@ -40,7 +42,7 @@ def frames_of(game: str, count: int, seed: int = 0) -> torch.Tensor:
 def net_for(frames: torch.Tensor, checkpoint: str | None) -> MinAtarNet:
     torch.manual_seed(0)
     state = (
-        torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+        torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
         if checkpoint
         else None
     )
@@ -63,12 +65,14 @@ def milliseconds(call, repeats: int) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--game", default="Asterix")
+    parser.add_argument("--game", default="Asterix", choices=GAMES)
     parser.add_argument(
         "--checkpoint", help="a V-trace checkpoint of this game (default: a fresh net)"
     )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.checkpoint and not os.path.isfile(args.checkpoint):
+        parser.error(f"no such checkpoint: {args.checkpoint}")
     if minatar_torso.compiled_op() is None:
         raise SystemExit("error: the op is not built (make install builds it)")
     torch.set_num_threads(1)
