@@ -97,14 +97,11 @@ inline __attribute__((always_inline)) float dot_and_axpy(const float* w, const f
   return dot;
 }
 
-// One frame's convolution, position-major: out[p * O + o] for output position p and channel o,
-// from the bias plus each non-zero input cell times the weights it meets ([C, 3, 3, O]).
-MULTI_ISA void convolve_frame(const float* __restrict__ frame, const float* __restrict__ weights,
-                              const float* __restrict__ bias, const Dims& d,
-                              float* __restrict__ out) {
-  const int64_t oc = d.out_channels;
-  for (int64_t p = 0; p < d.positions; ++p)
-    for (int64_t o = 0; o < oc; ++o) out[p * oc + o] = bias[o];
+// Calls visit(v, tap, position) for each non-zero cell v of a frame [H, W, C] and each output
+// position [OH * OW] its 3x3 window reaches, tap being the kernel's entry [C, 3, 3] between them.
+template <typename Visit>
+inline __attribute__((always_inline)) void for_each_tap(const float* frame, const Dims& d,
+                                                        Visit visit) {
   for (int64_t y = 0; y < d.height; ++y)
     for (int64_t x = 0; x < d.width; ++x)
       for (int64_t c = 0; c < d.channels; ++c) {
@@ -116,12 +113,23 @@ MULTI_ISA void convolve_frame(const float* __restrict__ frame, const float* __re
           for (int64_t kx = 0; kx < kKernel; ++kx) {
             const int64_t ox = x - kx;
             if (ox < 0 || ox >= d.out_width) continue;
-            const float* __restrict__ w = weights + ((c * kKernel + ky) * kKernel + kx) * oc;
-            float* __restrict__ o_ = out + (oy * d.out_width + ox) * oc;
-            axpy(o_, w, v, oc);
+            visit(v, (c * kKernel + ky) * kKernel + kx, oy * d.out_width + ox);
           }
         }
       }
+}
+
+// One frame's convolution, position-major: out[p * O + o] for output position p and channel o,
+// from the bias plus each non-zero input cell times the weights it meets ([C, 3, 3, O]).
+MULTI_ISA void convolve_frame(const float* __restrict__ frame, const float* __restrict__ weights,
+                              const float* __restrict__ bias, const Dims& d,
+                              float* __restrict__ out) {
+  const int64_t oc = d.out_channels;
+  for (int64_t p = 0; p < d.positions; ++p)
+    for (int64_t o = 0; o < oc; ++o) out[p * oc + o] = bias[o];
+  for_each_tap(frame, d, [&](float v, int64_t tap, int64_t position) {
+    axpy(out + position * oc, weights + tap * oc, v, oc);
+  });
 }
 
 // Each frame's features after the ReLU, kept where not zero: their NCHW index and value, frame
@@ -201,24 +209,9 @@ MULTI_ISA void torso_backward(const float* __restrict__ grad,
     }
     for (int64_t p = 0; p < d.positions; ++p)
       for (int64_t o = 0; o < oc; ++o) grad_conv_b[o] += grad_conv[p * oc + o];
-    const float* frame = frames + n * cells;
-    for (int64_t y = 0; y < d.height; ++y)
-      for (int64_t x = 0; x < d.width; ++x)
-        for (int64_t c = 0; c < d.channels; ++c) {
-          const float v = frame[(y * d.width + x) * d.channels + c];
-          if (v == 0.0f) continue;
-          for (int64_t ky = 0; ky < kKernel; ++ky) {
-            const int64_t oy = y - ky;
-            if (oy < 0 || oy >= d.out_height) continue;
-            for (int64_t kx = 0; kx < kKernel; ++kx) {
-              const int64_t ox = x - kx;
-              if (ox < 0 || ox >= d.out_width) continue;
-              float* __restrict__ gw = grad_conv_w + ((c * kKernel + ky) * kKernel + kx) * oc;
-              const float* __restrict__ gc = grad_conv.data() + (oy * d.out_width + ox) * oc;
-              axpy(gw, gc, v, oc);
-            }
-          }
-        }
+    for_each_tap(frames + n * cells, d, [&](float v, int64_t tap, int64_t position) {
+      axpy(grad_conv_w + tap * oc, grad_conv.data() + position * oc, v, oc);
+    });
   }
 }
 
