@@ -11,7 +11,7 @@ net: about half), its hidden layer runs dense.
 
 `make install` compiles it for this torch (scripts/build_minatar_torso.py) into
 $MOOLIB_OPS_CACHE (default ~/.cache/moolib-examples/ops), one file per source and torch
-version; without it, or off the CPU, the dense ops run, with a warning.
+version. Off the CPU the dense ops run; where the op is not built, they run with a warning.
 """
 
 import functools
@@ -43,7 +43,8 @@ def library_name() -> str:
 
 
 def library_path() -> Path:
-    return cache_dir() / library_name() / f"{library_name()}.so"
+    name = library_name()
+    return cache_dir() / name / f"{name}.so"
 
 
 def build(verbose: bool = False) -> Path:
