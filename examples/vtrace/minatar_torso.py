@@ -25,8 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 SOURCE = Path(__file__).with_name("csrc") / "minatar_torso.cpp"
-# -Wno-psabi: the 64-byte vectors are passed only between inlined helpers, never across an ABI.
-CFLAGS = ["-O3", "-Wno-psabi"]
+CFLAGS = ["-O3", "-fopenmp-simd", "-fno-loop-unroll-and-jam"]
 
 
 def cache_dir() -> Path:
