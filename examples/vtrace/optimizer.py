@@ -66,19 +66,50 @@ def clip_and_step(optimizer, max_norm):
     group = optimizer.param_groups[0]
     params = group["params"]
     states = [optimizer.state.get(param) for param in params]
+    for param, state in zip(params, states, strict=True):
+        _into_parameter_layout(param, state)
     plain_adam = not (group["amsgrad"] or group["maximize"] or group["weight_decay"])
     every_one = all(states) and all(param.grad is not None for param in params)
     if len(optimizer.param_groups) == 1 and group["fused"] and plain_adam and every_one:
         beta_1, beta_2 = group["betas"]
+        tensors = [
+            _contiguous_orientation(param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+            for param, state in zip(params, states, strict=True)
+        ]
         return _clipped_fused_adam(
-            params, [param.grad for param in params], [state["exp_avg"] for state in states],
-            [state["exp_avg_sq"] for state in states], [state["step"] for state in states],
+            *map(list, zip(*tensors, strict=True)), [state["step"] for state in states],
             float(group["lr"]), beta_1, beta_2, group["eps"], float(max_norm),
         )  # fmt: skip
     grad_norm = float(nn.utils.clip_grad_norm_(params, max_norm))
     if math.isfinite(grad_norm):
         optimizer.step()
     return grad_norm
+
+
+def _into_parameter_layout(param, state):
+    """The parameter's gradient and Adam's moments laid out in memory as the parameter is.
+
+    A fused Adam kernel pairs the tensors' elements by their place in memory, not by index: a
+    moment in another layout (from a checkpoint of the MinAtar net before its hidden weight was
+    stored transposed) or a gradient assigned in another layout would be paired with other
+    elements. Autograd and moolib's Accumulator give gradients their parameter's layout, so in
+    training this copies nothing, or a checkpoint's moments once."""
+    if param.grad is not None and param.grad.stride() != param.stride():
+        param.grad = torch.empty_like(param).copy_(param.grad)
+    for key in ("exp_avg", "exp_avg_sq"):
+        if state and key in state and state[key].stride() != param.stride():
+            state[key] = torch.empty_like(param).copy_(state[key])
+
+
+def _contiguous_orientation(*tensors):
+    """Tensors of one layout, transposed where that makes them contiguous (2-D ones stored
+    transposed, as the MinAtar net's hidden weight is). Adam's step is the same on every element
+    either way, but the fused kernel copies a non-contiguous gradient (a copy it does not use):
+    for a 256 x 1024 weight, 0.2 ms of the main thread a step."""
+    first = tensors[0]
+    if first.dim() == 2 and not first.is_contiguous() and first.t().is_contiguous():
+        return tuple(tensor.t() for tensor in tensors)
+    return tensors
 
 
 @compiled

@@ -108,3 +108,46 @@ def test_a_parameter_without_a_gradient_is_left_as_adam_leaves_it():
     for step in range(4):
         step_both(model_a, adam_a, model_b, adam_b, step, without_bias_grad=step == 2)
         assert_same(model_a, adam_a, model_b, adam_b)
+
+
+def transposed_linear_and_adam():
+    """model_and_adam's model with its Linear weight stored transposed, as MinAtarNet's is."""
+    model, adam = model_and_adam(fused=True)
+    linear = model[2]
+    linear.weight = nn.Parameter(linear.weight.detach().t().contiguous().t())
+    return model, torch.optim.Adam(model.parameters(), lr=0.002, fused=True)
+
+
+def test_a_weight_stored_transposed_steps_as_a_contiguous_one():
+    model_a, adam_a = model_and_adam(fused=True)
+    model_b, adam_b = transposed_linear_and_adam()
+    assert model_b[2].weight.t().is_contiguous()
+    for step in range(6):
+        expected, norm = step_both(model_a, adam_a, model_b, adam_b, step)
+        assert norm == pytest.approx(expected, rel=1e-5)
+    assert model_b[2].weight.t().is_contiguous()  # stepped in place, in its own layout
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_moments_of_a_contiguous_checkpoint_are_paired_by_index_with_a_transposed_weight():
+    """A checkpoint of the net from before its weight was stored transposed: Adam's moments
+    load contiguous. The step must pair them with the weight's elements by index."""
+    model_a, adam_a = model_and_adam(fused=True)
+    for step in range(3):
+        give_gradients(model_a, step)
+        reference_step(model_a, adam_a)
+    saved = io.BytesIO()
+    torch.save({"model": model_a.state_dict(), "adam": adam_a.state_dict()}, saved)
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+    model_b, adam_b = transposed_linear_and_adam()
+    model_b.load_state_dict(checkpoint["model"])
+    adam_b.load_state_dict(checkpoint["adam"])
+    assert adam_b.state[model_b[2].weight]["exp_avg"].is_contiguous()
+    for step in range(3, 6):
+        step_both(model_a, adam_a, model_b, adam_b, step)
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    for a, b in zip(adam_a.state.values(), adam_b.state.values(), strict=True):
+        torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"], rtol=1e-5, atol=1e-9)
