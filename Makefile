@@ -15,9 +15,9 @@ STAMP := $(VENV)/.installed
 # Always re-checks every step (each is quick when already done), so it is safe to run again.
 # The packages go in with uv (from the package index, into the venv): 5-10x faster than pip at
 # unpacking torch and the test dependencies. pip stays in the venv for the moolib build.
-# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on some CI images) Python would
-# otherwise compile torch's and sympy's sources again in every process: `import torch` took 8.6 s
-# instead of 3.9, in each peer, broker and test process.
+# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the machines we measure on)
+# Python would otherwise compile torch's and sympy's sources again in every process: importing
+# them took 8.6 s instead of 2.7-3.9, in each peer, broker and test process.
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@test -x $(UV) || $(PY) -m pip install -q uv
