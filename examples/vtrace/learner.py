@@ -1,5 +1,6 @@
 """The thread that computes a V-trace peer's gradients while acting goes on, and hands them to the
-group's Accumulator. The loss is in loss.py, the optimizer step in optimizer.py.
+group's Accumulator. The loss is in loss.py, the minibatches in minibatches.py, the optimizer
+step in optimizer.py.
 
 The experiment, the evaluator and the benchmark all take these from the same modules, so that
 what is measured and evaluated is what trains.
@@ -15,13 +16,8 @@ import time
 import torch
 
 from examples.common.torchscript import compiled
-from examples.vtrace.loss import (
-    LOSS_NAMES,
-    TracedGradients,
-    entropy_cost,
-    gradients,
-    step_targets,
-)
+from examples.vtrace.loss import LOSS_NAMES, TracedGradients, entropy_cost, gradients
+from examples.vtrace.minibatches import StepMinibatch, StepMinibatches, minibatches
 from examples.vtrace.models import frames_for_encode
 
 # A peer whose own gradients are not finite this many batches in a row stops (exit status 1):
@@ -56,70 +52,6 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     # NaN and inf carry through a sum (so does a sum past 3e38, a diverged gradient too):
     # 0.1 ms against isfinite()'s 0.7 for MinAtar's net, whose whole minibatch takes 6-8.
     return bool(torch.stack([t.sum() for t in tensors]).isfinite().all())
-
-
-def minibatches(batch, count, generator):
-    """A learner batch ([T+1, B, ...] tensors, and an LSTM's core state [layers, B, hidden]) cut
-    into `count` minibatches of B / count whole unrolls each, drawn in a random order; the batch
-    itself when count is 1. Unrolls stay whole: V-trace runs along each one's time axis."""
-    if count == 1:
-        return [batch]
-    size = batch["action"].shape[1]
-    order = torch.randperm(size, generator=generator)
-    parts = []
-    for indices in order.chunk(count):
-        part = {}
-        for key, value in batch.items():
-            if key == "core_state":
-                part[key] = tuple(select_unrolls(v, indices) for v in value)
-            else:
-                part[key] = select_unrolls(value, indices)
-        parts.append(part)
-    return parts
-
-
-class StepMinibatches:
-    """A learner batch to be learned from in minibatches of single steps drawn from all of it
-    (minibatch_steps=true, PPO's minibatches), each pass in a new random order. The V-trace
-    targets of all its steps are computed once, by the learner thread, with the weights that
-    learn from its first minibatch (loss.step_targets)."""
-
-    def __init__(self, batch, generator):
-        self.batch, self.generator, self.targets = batch, generator, None
-        self.size = (batch["action"].shape[0] - 1) * batch["action"].shape[1]  # T x B steps
-
-    def one_pass(self, count):
-        order = torch.randperm(self.size, generator=self.generator)
-        return [StepMinibatch(self, indices) for indices in order.chunk(count)]
-
-
-class StepMinibatch:
-    """Some of a StepMinibatches' steps: the inputs of loss.step_loss, made when needed."""
-
-    def __init__(self, minibatches, indices):
-        self.minibatches, self.indices = minibatches, indices
-
-    def steps(self, flags, model):
-        """The steps as a [1, N, ...] batch with their targets; the batch's targets are
-        computed first if no minibatch of it has needed them yet."""
-        whole = self.minibatches
-        if whole.targets is None:
-            whole.targets = step_targets(flags, model, whole.batch)
-        steps = {key: whole.batch[key][:-1] for key in ("state", "done", "action", "policy_logits")}
-        steps.update(whole.targets)
-        # [T, B, ...] -> [1, T x B, ...] (a view, in the frames' own layout), then the picked.
-        return {
-            key: select_unrolls(value.flatten(0, 1).unsqueeze(0), self.indices)
-            for key, value in steps.items()
-        }
-
-
-def select_unrolls(value, indices):
-    """value.index_select(1, indices) in value's own memory layout (index_select alone returns
-    a contiguous tensor): frames stored channels-last stay so (models.frames_for_encode)."""
-    physical = sorted(range(value.dim()), key=lambda dim: -value.stride(dim))
-    picked = value.permute(physical).index_select(physical.index(1), indices.to(value.device))
-    return picked.permute([physical.index(dim) for dim in range(value.dim())])
 
 
 def set_up_learner_thread(num_threads):

@@ -9,7 +9,8 @@ from helpers import Queue, linear_learner_state
 from torch import nn
 
 from examples.vtrace.config import OptimizerConfig
-from examples.vtrace.learner import AsyncLearner, minibatches
+from examples.vtrace.learner import AsyncLearner
+from examples.vtrace.minibatches import minibatches
 from examples.vtrace.optimizer import learning_rate, step_optimizer
 
 

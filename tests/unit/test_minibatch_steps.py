@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from examples.common import vtrace
 from examples.vtrace.config import ConfigError, ExperimentConfig, check_flags
-from examples.vtrace.learner import StepMinibatches
 from examples.vtrace.loss import compute_loss
+from examples.vtrace.minibatches import StepMinibatches
 from examples.vtrace.models import create_model, frames_for_encode
 
 FLAGS = SimpleNamespace(
