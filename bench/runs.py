@@ -16,6 +16,7 @@ steps per second) and NAME-curves.png (one panel per game, one thin line per see
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 import os
@@ -327,6 +328,15 @@ def plot_curves(result, path, result_suite):
     rows = -(-len(games) // columns)
     size = (4.2 * columns, 3.3 * rows)
     fig, axes = plt.subplots(rows, columns, figsize=size, layout="constrained", squeeze=False)
+    # One colour per reference in every panel, also where a game lacks one of them (Seaquest
+    # has no gymnax PPO number).
+    labels = [
+        label
+        for row in result["games"].values()
+        for label, _, _ in result_suite.reference_lines(row["published"])
+    ]
+    colors = ["tab:red", "tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
+    reference_colors = dict(zip(dict.fromkeys(labels), itertools.cycle(colors)))
     axes = list(axes.flat)
     for ax in axes[len(games) :]:
         ax.axis("off")
@@ -347,9 +357,8 @@ def plot_curves(result, path, result_suite):
                 values = [v for v in values if math.isfinite(v)]
                 mean.append(statistics.fmean(values) if values else math.nan)
             ax.plot(*finite(x, mean), lw=2.2, color="black", label="mean of seeds")
-        references = result_suite.reference_lines(row["published"])
-        colors = ["tab:red", "tab:green", "tab:purple", "tab:brown"]
-        for (label, value, style), color in zip(references, colors, strict=False):
+        for label, value, style in result_suite.reference_lines(row["published"]):
+            color = reference_colors[label]
             if isinstance(value, tuple | list):  # a range that the seeds' curves spread over
                 label = f"{label} {value[0]} to {value[1]}"
                 ax.axhspan(*value, color=color, alpha=0.15, label=label)
