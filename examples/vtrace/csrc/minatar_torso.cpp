@@ -55,9 +55,9 @@ Dims dims_of(at::IntArrayRef frames, int64_t out_channels, int64_t hidden) {
   return d;
 }
 
-// The loops over a row are vectorized at each clone's own width (8 floats with AVX2, 16 with
-// AVX-512): `omp simd` (-fopenmp-simd) tells the compiler the rows do not overlap and lets it
-// sum the dot product in vector lanes.
+// The conv's loops over a row of channels are vectorized at each clone's own width (8 floats
+// with AVX2, 16 with AVX-512): `omp simd` (-fopenmp-simd) tells the compiler the rows do not
+// overlap. The hidden layer's rows go through Floats8 below.
 
 // y += a * x
 inline __attribute__((always_inline)) void axpy(float* y, const float* x, float a, int64_t n) {
