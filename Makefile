@@ -25,11 +25,11 @@ install:
 	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) --compile-bytecode numpy $(TORCH)
 	$(PY) scripts/build_moolib.py
 	$(UV) pip install -q --python $(PY) $(UV_FIND_LINKS) --compile-bytecode -e '.[test]'
-	$(PY) scripts/build_minatar_torso.py
+	$(PY) scripts/build_ops.py
 	@touch $(STAMP)
 
-$(STAMP): setup.py scripts/build_moolib.py scripts/build_minatar_torso.py \
-		examples/vtrace/csrc/minatar_torso.cpp Makefile
+$(STAMP): setup.py scripts/build_moolib.py scripts/build_ops.py \
+		$(wildcard examples/vtrace/csrc/*.cpp) Makefile
 	$(MAKE) install
 
 run: $(STAMP)

@@ -1,9 +1,11 @@
 """The V-trace actor-critic loss of a learner batch, and its gradients."""
 
 import torch
+import torch.nn.functional as F
 
 from examples.common import vtrace
 from examples.common.torchscript import compiled, traced
+from examples.vtrace import ops
 from examples.vtrace.models import ActorCriticBase
 
 LOSS_NAMES = ["pg_loss", "baseline_loss", "entropy_loss", "clip_fraction"]
@@ -252,6 +254,81 @@ def actor_critic_loss(
                       returns.log_rhos, mask, pg_clip, baseline_cost, entropy_weight)  # fmt: skip
 
 
+@compiled
+def output_gradients(
+    logits: torch.Tensor,
+    baselines: torch.Tensor,
+    behavior_logits: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    truncated: torch.Tensor | None,
+    life_lost: torch.Tensor | None,
+    reward_clip: float,
+    discounting: float,
+    vtrace_lambda: float,
+    pg_clip: float,
+    normalize_advantages: bool,
+    baseline_cost: float,
+    entropy_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of actor_critic_loss's loss with respect to its logits and baselines
+    ([T+1, B, A] and [T+1, B], the last step's zero), worked out by hand, and its terms: the
+    backward pass then starts at the net's outputs. Autograd through the loss's ~100 small ops
+    took as long as the MinAtar net's own backward pass. The same gradients up to rounding
+    (tests/unit/test_traced_gradients.py)."""
+    logits, baselines = logits.detach(), baselines.detach()
+    returns, mask = batch_returns(
+        logits, baselines, behavior_logits, actions, rewards, dones, truncated, life_lost,
+        reward_clip, discounting, vtrace_lambda,
+    )  # fmt: skip
+    actions, target_logits, values = actions[:-1], logits[:-1], baselines[:-1]
+    num_samples = actions.numel()
+    advantages = returns.advantages if pg_clip > 0 else returns.pg_advantages
+    if normalize_advantages:
+        advantages = normalized(advantages, mask)
+    # The policy's loss is -sum(weights * log pi(a)) for constant weights: the advantages, or
+    # for the clipped surrogate the ratio times the advantage where its unclipped side is the
+    # minimum (elsewhere the clipped side is flat in the ratio).
+    if pg_clip > 0:
+        ratio = returns.log_rhos.exp()
+        unclipped = ratio * advantages
+        clipped = ratio.clamp(1 - pg_clip, 1 + pg_clip) * advantages
+        surrogate = torch.min(unclipped, clipped)
+        weights = unclipped * (unclipped <= clipped)
+        if mask is not None:
+            surrogate, weights = surrogate * mask, weights * mask
+        pg_loss = -surrogate.sum()
+    else:
+        weights = advantages
+        pg_loss = -(returns.target_action_log_probs * advantages).sum()
+    log_policy = F.log_softmax(target_logits, dim=-1)
+    policy = log_policy.exp()
+    # d log pi(a) / d logits = onehot(a) - pi.
+    grad_logits = policy * weights.unsqueeze(-1)
+    grad_logits.scatter_add_(-1, actions.unsqueeze(-1), -weights.unsqueeze(-1))
+    # The entropy term sum(pi log pi): its gradient is pi (log pi - sum(pi log pi)).
+    negative_entropy = (policy * log_policy).sum(-1)
+    entropy_grad = policy * (log_policy - negative_entropy.unsqueeze(-1))
+    if mask is not None:
+        negative_entropy = negative_entropy * mask
+        entropy_grad = entropy_grad * mask.unsqueeze(-1)
+    grad_logits = (grad_logits + entropy_weight * entropy_grad) / num_samples
+    errors = returns.vs - values
+    grad_values = errors * (-baseline_cost / num_samples)
+    terms = [
+        pg_loss / num_samples,
+        vtrace.baseline_loss(errors) / num_samples,
+        negative_entropy.sum() / num_samples,
+        clip_fraction(returns.log_rhos, pg_clip, mask),
+    ]
+    return (
+        torch.cat([grad_logits, torch.zeros_like(grad_logits[:1])]),
+        torch.cat([grad_values, torch.zeros_like(grad_values[:1])]),
+        torch.stack(terms),
+    )
+
+
 def gradients(flags, model, batch, entropy_weight=None):
     """The gradients (one per parameter, in order) and the losses of one learner batch."""
     loss, losses = compute_loss(flags, model, batch, entropy_weight)
@@ -265,7 +342,10 @@ class TracedGradients:
     (each takes the GIL again when its kernel returns), while the main thread, which acts,
     steps the optimizer and calls moolib, holds the GIL a third of the time: in idle MinAtar
     runs a minibatch took 6.7-7.2 ms instead of 8.1-8.6, and the run made a fifth more env
-    steps/s (docs/results.md). The same gradients to the last bit.
+    steps/s (docs/results.md). The loss's gradient with respect to the net's outputs is worked
+    out by hand (output_gradients, or its compiled op where ops.py's library is built), so the
+    backward pass starts at the outputs: gradients()'s up to rounding, and a SpaceInvaders
+    minibatch 2.6 ms instead of 3.6 (docs/results.md).
 
     Only where the trace records everything the model computes (fits()); elsewhere the learner
     calls gradients()."""
@@ -296,7 +376,8 @@ class TracedGradients:
         frames = batch["state"]
         key = (tuple(frames.shape), frames.dtype)
         if key not in self.steps:
-            self.steps[key] = compiled(_GradientStep(traced(_Outputs(model), (frames,))))
+            step = _CompiledGradientStep if ops.loaded() else _GradientStep
+            self.steps[key] = compiled(step(traced(_Outputs(model), (frames,))))
         grads, terms = self.steps[key](
             frames, self.parameters, *batch_arguments(flags, batch),
             float(flags.pg_clip), bool(flags.normalize_advantages), float(flags.baseline_cost),
@@ -343,13 +424,75 @@ class _GradientStep(torch.nn.Module):
         entropy_weight: float,
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         logits, baselines = self.outputs(frames)
-        loss, terms = actor_critic_loss(
+        grad_logits, grad_baselines, terms = self.loss_gradients(
+            logits.detach(), baselines.detach(), behavior_logits, actions, rewards, dones,
+            truncated, life_lost, reward_clip, discounting, vtrace_lambda, pg_clip,
+            normalize_advantages, baseline_cost, entropy_weight,
+        )  # fmt: skip
+        grads: list[torch.Tensor] = []
+        outputs = [logits, baselines]
+        output_grads: list[torch.Tensor | None] = [grad_logits, grad_baselines]
+        for grad in torch.autograd.grad(outputs, parameters, output_grads):
+            assert grad is not None  # every parameter is in the loss (as for gradients())
+            grads.append(grad)
+        return grads, terms
+
+    def loss_gradients(
+        self,
+        logits: torch.Tensor,
+        baselines: torch.Tensor,
+        behavior_logits: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        dones: torch.Tensor,
+        truncated: torch.Tensor | None,
+        life_lost: torch.Tensor | None,
+        reward_clip: float,
+        discounting: float,
+        vtrace_lambda: float,
+        pg_clip: float,
+        normalize_advantages: bool,
+        baseline_cost: float,
+        entropy_weight: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return output_gradients(
             logits, baselines, behavior_logits, actions, rewards, dones, truncated, life_lost,
             reward_clip, discounting, vtrace_lambda, pg_clip, normalize_advantages,
             baseline_cost, entropy_weight,
         )  # fmt: skip
-        grads: list[torch.Tensor] = []
-        for grad in torch.autograd.grad([loss], parameters):
-            assert grad is not None  # every parameter is in the loss (as for gradients())
-            grads.append(grad)
-        return grads, terms
+
+
+class _CompiledGradientStep(_GradientStep):
+    """_GradientStep with output_gradients as the compiled op (csrc/vtrace_loss.cpp, ops.py):
+    one call instead of about 150 small tensor ops, whose dispatch cost more than their
+    arithmetic (0.4 ms against 0.03 for a MinAtar minibatch)."""
+
+    def loss_gradients(
+        self,
+        logits: torch.Tensor,
+        baselines: torch.Tensor,
+        behavior_logits: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        dones: torch.Tensor,
+        truncated: torch.Tensor | None,
+        life_lost: torch.Tensor | None,
+        reward_clip: float,
+        discounting: float,
+        vtrace_lambda: float,
+        pg_clip: float,
+        normalize_advantages: bool,
+        baseline_cost: float,
+        entropy_weight: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if truncated is not None:
+            truncated = truncated.to(torch.bool).contiguous()
+        if life_lost is not None:
+            life_lost = life_lost.to(torch.bool).contiguous()
+        return torch.ops.moolib_examples.vtrace_output_gradients(
+            logits.float().contiguous(), baselines.float().contiguous(),
+            behavior_logits.float().contiguous(), actions.long().contiguous(),
+            rewards.float().contiguous(), dones.to(torch.bool).contiguous(), truncated, life_lost,
+            reward_clip, discounting, vtrace_lambda, pg_clip, normalize_advantages,
+            baseline_cost, entropy_weight,
+        )  # fmt: skip

@@ -9,81 +9,23 @@ backward passes through the torso took 1.5 ms instead of 3.1-3.4 on a trained As
 act of 64 frames 0.2 ms instead of 0.5. Where more than a fifth of the features fire (a fresh
 net: about half), its hidden layer runs dense.
 
-`make install` compiles it for this torch (scripts/build_minatar_torso.py) into
-$MOOLIB_OPS_CACHE (default ~/.cache/moolib-examples/ops), one file per source and torch
-version. Off the CPU the dense ops run; where the op is not built, they run with a warning.
+`make install` compiles it with the other ops (ops.py). Off the CPU the dense ops run; where the
+op is not built, they run with a warning.
 """
 
 import functools
-import hashlib
-import logging
-import os
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-SOURCE = Path(__file__).with_name("csrc") / "minatar_torso.cpp"
-# -fopenmp-simd: the source's `omp simd` loops (no OpenMP runtime). -fno-loop-unroll-and-jam:
-# at -O3 GCC 12 fused the hidden layer's loop over two features into one scalar loop, a third
-# of the speed of the vector one it replaced (seen in the AVX2 clone's machine code).
-CFLAGS = ["-O3", "-fopenmp-simd", "-fno-loop-unroll-and-jam"]
-
-
-def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "moolib-examples" / "ops"
-    return Path(os.environ.get("MOOLIB_OPS_CACHE", default))
-
-
-def library_name() -> str:
-    """The library's name for this source, these flags and this torch."""
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
-    ).hexdigest()[:12]
-    return f"minatar_torso_{key}"
-
-
-def library_path() -> Path:
-    name = library_name()
-    return cache_dir() / name / f"{name}.so"
-
-
-def build(verbose: bool = False) -> Path:
-    """Compiles the op for this torch (about 20-40 s) unless it is there; returns its path."""
-    from torch.utils.cpp_extension import load
-
-    path = library_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    load(
-        name=library_name(),
-        sources=[str(SOURCE)],
-        extra_cflags=CFLAGS,
-        build_directory=str(path.parent),
-        is_python_module=False,
-        verbose=verbose,
-    )
-    return path
+from examples.vtrace import ops
 
 
 @functools.cache
 def compiled_op():
-    """torch.ops.moolib_examples.minatar_torso, loaded once; None (with a warning) where it was
-    not built for this source and torch."""
-    path = library_path()
-    if not path.exists():
-        logging.warning(
-            "MinAtar's sparse torso is not built for this torch (%s); the dense one runs, "
-            "slower. `make install` builds it.",
-            path,
-        )
-        return None
-    try:
-        torch.ops.load_library(str(path))
-    except OSError as error:
-        logging.warning("MinAtar's sparse torso did not load (%s); the dense one runs.", error)
-        return None
-    return torch.ops.moolib_examples.minatar_torso
+    """torch.ops.moolib_examples.minatar_torso; None (with a warning) where it is not built."""
+    return torch.ops.moolib_examples.minatar_torso if ops.loaded() else None
 
 
 def dense_torso(frames: torch.Tensor, conv: nn.Conv2d, fc: nn.Linear) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from examples.vtrace import loss, minatar_torso
+from examples.vtrace import loss, minatar_torso, ops
 from examples.vtrace.models import MinAtarNet
 
 FRAMES = 168
@@ -17,7 +17,7 @@ FRAMES = 168
 @pytest.fixture(scope="module")
 def op():
     op = minatar_torso.compiled_op()
-    assert op is not None, f"not built: {minatar_torso.library_path()} (make install builds it)"
+    assert op is not None, f"not built: {ops.library_path()} (make install builds it)"
     return op
 
 

@@ -46,6 +46,7 @@ torch.save(results, sys.argv[1])
 
 def test_the_learner_loss_is_compiled():
     assert isinstance(loss.actor_critic_loss, torch.jit.ScriptFunction)
+    assert isinstance(loss.output_gradients, torch.jit.ScriptFunction)
     assert isinstance(vtrace.from_importance_weights, torch.jit.ScriptFunction)
 
 
