@@ -35,6 +35,9 @@ from bench import kept
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LAST_FRACTION = 0.1
+# The machine's CPU times at a run's start and end (cpu_times()), in its savedir; steal is the
+# 8th kind on /proc/stat's line (user nice system idle iowait irq softirq steal ...).
+CPU_TIMES, STEAL = "cpu_times", 7
 
 
 @dataclasses.dataclass
@@ -106,9 +109,11 @@ def summarize_run(logs, total_steps):
     for i in range(50):
         lo, hi = i * chunk, (i + 1) * chunk
         curve.append([hi, episode_mean([r for r in rows if lo < r["step"] <= hi])])
-    commit_file = pathlib.Path(logs[0]).parents[2] / "commit"
+    savedir = pathlib.Path(logs[0]).parents[2]
+    commit_file = savedir / "commit"
     return {
         "commit": commit_file.read_text().strip() if commit_file.exists() else None,
+        "steal": steal_share(savedir / CPU_TIMES),
         "steps": int(steps),
         "final_return": episode_mean(last),
         "episodes_in_last_10pct": int(sum(row["episodes"] for row in last)),
@@ -116,6 +121,35 @@ def summarize_run(logs, total_steps):
         "sps": steps / wall if wall else math.nan,
         "curve": curve,
     }
+
+
+def cpu_times():
+    """The machine's CPU time so far, by kind (/proc/stat's first line); None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(field) for field in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(path):
+    """The share of the machine's CPU time its hypervisor took (steal) between the first and
+    the last line of `path` (cpu_times() at a run's start and end): a VM's runs slow down by
+    more than that share when a neighbour is busy. None where it was not recorded."""
+    try:
+        lines = pathlib.Path(path).read_text().split("\n")
+        start, end = (list(map(int, line.split())) for line in (lines[0], lines[-2]))
+    except (OSError, ValueError, IndexError):
+        return None
+    spent = [b - a for a, b in zip(start, end, strict=True)]
+    return spent[STEAL] / sum(spent) if len(spent) > STEAL and sum(spent) > 0 else None
+
+
+def record_cpu_times(savedir):
+    times = cpu_times()
+    if times is not None:
+        with open(savedir / CPU_TIMES, "a") as f:
+            f.write(" ".join(map(str, times)) + "\n")
 
 
 def running_time(rows):
@@ -185,6 +219,7 @@ def run_all(args, runs):
                 game, seed, savedir = pending.pop(0)
                 savedir.mkdir(parents=True, exist_ok=True)
                 print(f"{now()} start {savedir.name}", flush=True)
+                record_cpu_times(savedir)
                 peers = start_peers(args, f"127.0.0.1:{port}", game, seed, savedir)
                 running.append((game, seed, savedir, peers, time.monotonic()))
             time.sleep(2)
@@ -192,12 +227,15 @@ def run_all(args, runs):
                 game, seed, savedir, peers, started = entry
                 if all(peer.poll() is not None for peer in peers):
                     running.remove(entry)
+                    record_cpu_times(savedir)
                     codes = [peer.returncode for peer in peers]
                     summary = summarize_run(run_logs(savedir), args.steps) or {}
+                    steal = summary.get("steal")
                     print(
                         f"{now()} done  {savedir.name}: exit {codes}, "
                         f"{time.monotonic() - started:.0f} s, "
-                        f"return {summary.get('final_return', math.nan):.2f}",
+                        f"return {summary.get('final_return', math.nan):.2f}"
+                        + ("" if steal is None else f", steal {steal:.1%}"),
                         flush=True,
                     )
     finally:

@@ -86,3 +86,19 @@ def test_keep_refuses_a_table_of_another_setting_naming_the_key_before_running(t
     assert minatar.main(argv) == 2
     assert "not a results JSON" in capsys.readouterr().err
     assert not (tmp_path / "new").exists() and not (tmp_path / "out").exists()
+
+
+def test_each_run_has_the_share_of_cpu_time_its_hypervisor_took(tmp_path):
+    """bench.runs records /proc/stat's CPU times when a run starts and ends; the report gives the
+    steal share between them (None for runs of before, which have no record)."""
+    workdir, out = tmp_path / "runs", tmp_path / "out"
+    write_run(workdir, "Breakout", 0, [1.0] * 10)
+    write_run(workdir, "Seaquest", 0, [1.0] * 10)
+    # user nice system idle iowait irq softirq steal: 100 s of CPU time, 5 of it stolen.
+    start, end = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [80, 0, 5, 10, 0, 0, 0, 5, 0, 0]
+    lines = "".join(" ".join(map(str, times)) + "\n" for times in (start, end))
+    (workdir / "Breakout-s0-p1-1000" / "cpu_times").write_text(lines)
+    assert report(workdir, out, "Breakout,Seaquest") == 0
+    games = json.loads((out / "minatar-results.json").read_text())["games"]
+    assert games["Breakout"]["seeds"]["0"]["steal"] == 0.05
+    assert games["Seaquest"]["seeds"]["0"]["steal"] is None
