@@ -137,11 +137,11 @@ def steal_share(path):
     the last line of `path` (cpu_times() at a run's start and end): a VM's runs slow down by
     more than that share when a neighbour is busy. None where it was not recorded."""
     try:
-        lines = pathlib.Path(path).read_text().split("\n")
-        start, end = (list(map(int, line.split())) for line in (lines[0], lines[-2]))
+        lines = pathlib.Path(path).read_text().splitlines()
+        start, end = (list(map(int, line.split())) for line in (lines[0], lines[-1]))
+        spent = [b - a for a, b in zip(start, end, strict=True)]
     except (OSError, ValueError, IndexError):
         return None
-    spent = [b - a for a, b in zip(start, end, strict=True)]
     return spent[STEAL] / sum(spent) if len(spent) > STEAL and sum(spent) > 0 else None
 
 
