@@ -275,9 +275,9 @@ def output_gradients(
     """The gradients of actor_critic_loss's loss with respect to its logits and baselines
     ([T+1, B, A] and [T+1, B], the last step's zero), worked out by hand, and its terms: the
     backward pass then starts at the net's outputs instead of going back through the loss's
-    ~100 small ops (a trained SpaceInvaders net's learner minibatch 3.57 -> 3.33 ms; with this
-    function as the compiled op, 2.59; docs/results.md). The same gradients up to rounding
-    (tests/unit/test_traced_gradients.py)."""
+    ~100 small ops (a trained SpaceInvaders net's learner minibatch on a 2-core AMD EPYC without
+    AVX-512, 3.57 -> 3.33 ms; with this function as the compiled op, 2.59; docs/results.md).
+    The same gradients up to rounding (tests/unit/test_traced_gradients.py)."""
     logits, baselines = logits.detach(), baselines.detach()
     returns, mask = batch_returns(
         logits, baselines, behavior_logits, actions, rewards, dones, truncated, life_lost,
