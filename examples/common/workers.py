@@ -10,7 +10,8 @@ returns when every worker of the batch has stepped and in which no Python signal
 
 ``EnvWorkers`` answers both. ``forking()`` keeps SIGINT and SIGTERM away from the processes forked
 inside it (shutdown is the main process's job; the workers follow it when it exits), ``create_env``
-records each worker's pid and asks the kernel to kill the worker if its parent dies, and
+records each worker's pid, asks the kernel to kill the worker if its parent dies and, given a
+``niceness``, lowers the priority of the thread that steps the envs, and
 ``result(future)`` waits for a step with the worker processes in view, raising ``EnvWorkerDied``
 with the worker's pid and how it ended instead of blocking.
 
@@ -87,9 +88,10 @@ def _set_parent_death_signal(sig):
 class EnvWorkers:
     """Watches the worker processes of one moolib.EnvPool built from `env_factory`."""
 
-    def __init__(self, env_factory, num_processes, poll_interval=0.2):
+    def __init__(self, env_factory, num_processes, poll_interval=0.2, niceness=0):
         self.env_factory = env_factory
         self.poll_interval = poll_interval
+        self.niceness = niceness
         # Filled in by the workers themselves (shared memory, inherited through the fork):
         # slot i holds worker i's pid, and parents[i] the EnvPool server that forked it.
         self._pids = multiprocessing.Array("l", num_processes, lock=False)
@@ -122,6 +124,10 @@ class EnvWorkers:
                 pass
             # If the server (our parent) dies, so do we: nobody else would ever read our output.
             _set_parent_death_signal(signal.SIGKILL)
+            if self.niceness:
+                # Linux keeps a niceness per thread: this is the thread that makes and steps
+                # this process's envs.
+                os.nice(self.niceness)
             with self._count.get_lock():
                 slot = self._count.value
                 self._count.value += 1

@@ -80,6 +80,11 @@ class ExperimentConfig:
     actor_batch_size: int = 128  # B of the acting model input [1, B, ...]
     num_actor_batches: int = 2  # 2 = double buffering: 2 x actor_batch_size envs
     num_actor_cpus: int = 10  # EnvPool worker processes
+    # Added to the peer's own niceness (as `nice -n` adds) for the threads that step the envs in
+    # the EnvPool's worker processes: where the cores are fewer than the busy threads, the
+    # learner and acting, which wait on each other, then run first, and the envs take the rest.
+    # preset=minatar: 10 (docs/results.md). 0: the envs run at the peer's own priority.
+    env_worker_niceness: int = 0
     batch_size: int = 32  # learner batch: B of [T, B, ...]
     unroll_length: int = 20  # learner T
     virtual_batch_size: int = 32  # least samples per optimizer step, summed over peers
@@ -221,6 +226,11 @@ def check_numbers(flags):
     for key in ("torch_threads", "acting_threads"):
         if not flags[key] >= 0:
             raise ConfigError(f"{key} must be 0 (torch's default) or more, got {flags[key]}")
+    if not 0 <= flags.env_worker_niceness <= 19:
+        raise ConfigError(
+            f"env_worker_niceness must be 0 (the peer's own priority) to 19 (the lowest), "
+            f"got {flags.env_worker_niceness}"
+        )
     if not flags.max_queued_batches >= 0:
         raise ConfigError(
             f"max_queued_batches must be 0 (acting waits while the learner learns) or more, "

@@ -100,7 +100,7 @@ def create_envs(flags):
             f"env.name: {flags.env.name} has {type(action_space).__name__} actions; "
             "this agent needs Discrete ones"
         )
-    workers = EnvWorkers(env_factory, flags.num_actor_cpus)
+    workers = EnvWorkers(env_factory, flags.num_actor_cpus, niceness=flags.env_worker_niceness)
     # Forked with SIGINT/SIGTERM blocked: a signal to the process group leaves the workers
     # stepping, and this process stops them when it is done.
     with workers.forking():

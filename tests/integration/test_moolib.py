@@ -1,5 +1,6 @@
 """The moolib build works: import, broker, EnvPool with our env adapter, Group + Accumulator."""
 
+import json
 import subprocess
 import sys
 
@@ -138,3 +139,42 @@ def test_two_peers_end_with_equal_weights_after_every_join(children, broker, tmp
     # Training did something: the loss fell, so the weights moved far from the joiner's init.
     last = common[-1]
     assert not torch.allclose(leader["weights"][common[0]], leader["weights"][last])
+
+
+NICENESS_CHECK = """
+import json, os, pathlib, moolib, torch
+from examples.common.envs import EnvFactory
+from examples.common.workers import EnvWorkers
+
+def nice_values(pid):
+    # Field 19 of /proc/<pid>/task/<tid>/stat, counted after the command name's ")".
+    return sorted(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+                  for task in pathlib.Path(f"/proc/{pid}/task").iterdir())
+
+workers = EnvWorkers(EnvFactory("CartPole-v1", seed=0), 2, niceness=7)
+with workers.forking():
+    pool = moolib.EnvPool(workers.create_env, num_processes=2, batch_size=4, num_batches=2)
+for step in range(3):
+    for batch in range(2):
+        out = workers.result(pool.step(batch, torch.ones(4, dtype=torch.int64)))
+        assert out["state"].shape == (4, 4)
+own = os.getpriority(os.PRIO_PROCESS, 0)
+print(json.dumps({"own": own, "peer": nice_values(os.getpid()),
+                  "workers": [nice_values(pid) for pid in workers.worker_pids()]}))
+"""
+
+
+def test_env_worker_niceness_lowers_the_stepping_threads_alone():
+    result = subprocess.run(
+        [sys.executable, "-c", NICENESS_CHECK], capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(result.stdout)
+    own = found["own"]
+    # This process's threads (acting, the learner's) keep its priority.
+    assert set(found["peer"]) == {own}, result.stdout
+    assert len(found["workers"]) == 2, result.stdout
+    for values in found["workers"]:
+        # The thread that steps the envs is 7 nicer (at most 19); the process's others are not.
+        assert max(values) == min(own + 7, 19) and min(values) == own, result.stdout

@@ -30,6 +30,8 @@ def peer_logs(savedir):
         (["total_steps=0"], "total_steps must be a positive integer"),
         (["max_queued_batches=-1"], "max_queued_batches must be 0 (acting waits while the"),
         (["acting_threads=-1"], "acting_threads must be 0 (torch's default) or more, got -1"),
+        (["env_worker_niceness=-5"], "env_worker_niceness must be 0 (the peer's own priority)"),
+        (["env_worker_niceness=20"], "to 19 (the lowest), got 20"),
         (["batch_size=ten"], "batch_size must be a positive integer, got 'ten'"),
         (["wandb=maybe"], "wandb must be true or false"),
         (["batchsize=8"], "batchsize=8: no such key"),
