@@ -155,39 +155,62 @@ class EnvWorkers:
                 self._dead = f"env worker {index} (pid {pid}) {how}"
                 raise EnvWorkerDied(self._dead)
 
-    def result(self, future):
-        """future.result(), without ever blocking on a dead worker.
+    def check_now_and_then(self):
+        """check(), every poll_interval at most: reading /proc at every step of every batch took
+        ~7% of the main thread on Atari, and a step that does not come is caught by result()'s
+        wait."""
+        now = time.monotonic()
+        if self._dead is not None or now - self._last_check >= self.poll_interval:
+            self._last_check = now
+            self.check()
+
+    def watch(self, future, on_ready=None):
+        """Hand moolib's step `future` to the helper thread now, which waits for it while this
+        thread goes on, and calls `on_ready()` when its result is in; returns a WatchedStep,
+        whose `ready` tells without waiting, for result()."""
+        if self._requests is None:
+            self._requests = queue.SimpleQueue()
+            threading.Thread(target=self._wait_loop, name="env-results", daemon=True).start()
+        watched = WatchedStep(on_ready)
+        self._requests.put((future, watched))
+        return watched
+
+    def result(self, step):
+        """The result of `step` (a WatchedStep from watch(), or moolib's step future itself),
+        without ever blocking on a dead worker.
 
         moolib's step future has no done() and its result() blocks in C++ for up to 30 minutes,
         so a helper thread waits on it while this one checks the workers every poll_interval
         seconds. Python signal handlers run meanwhile (this thread waits in Python).
         """
-        # Every poll_interval at most: reading /proc at every step of every batch took ~7% of
-        # the main thread on Atari, and a step that does not come is caught by the wait below.
-        now = time.monotonic()
-        if self._dead is not None or now - self._last_check >= self.poll_interval:
-            self._last_check = now
+        self.check_now_and_then()
+        if not isinstance(step, WatchedStep):
+            step = self.watch(step)
+        while not step.ready.wait(self.poll_interval):
             self.check()
-        if self._requests is None:
-            self._requests = queue.SimpleQueue()
-            threading.Thread(target=self._wait_loop, name="env-results", daemon=True).start()
-        box = [None, None]
-        ready = threading.Event()
-        self._requests.put((future, box, ready))
-        while not ready.wait(self.poll_interval):
-            self.check()
-        if box[1] is not None:
-            raise box[1]
-        return box[0]
+        if step.error is not None:
+            raise step.error
+        return step.value
 
     def _wait_loop(self):
         while True:
-            future, box, ready = self._requests.get()
+            future, watched = self._requests.get()
             try:
-                box[0] = future.result()
+                watched.value = future.result()
             except Exception as e:  # handed to the waiting thread
-                box[1] = e
-            ready.set()
+                watched.error = e
+            watched.ready.set()
+            if watched.on_ready is not None:
+                watched.on_ready()
+
+
+class WatchedStep:
+    """An env step that the helper thread of EnvWorkers waits for: its result or error, an
+    Event set when either is in, and what to call then."""
+
+    def __init__(self, on_ready=None):
+        self.value, self.error, self.on_ready = None, None, on_ready
+        self.ready = threading.Event()
 
 
 def exit_now(code):

@@ -7,6 +7,7 @@ import moolib
 import torch
 
 from examples.common.stats import Stats
+from examples.common.workers import WatchedStep
 
 
 def use_acting_threads(flags):
@@ -28,8 +29,9 @@ class Actor:
     waits while acting makes the next burst (in idle MinAtar runs the learner was busy 71% of
     the time, 86% with the groups: docs/results.md)."""
 
-    def __init__(self, flags, envs, model, device, workers=None):
+    def __init__(self, flags, envs, model, device, workers=None, wakeup=None):
         self.workers = workers
+        self.wakeup = wakeup  # an Event set when a batch's envs have stepped (with workers)
         self.envs = envs
         self.model = model
         self.device = device
@@ -47,7 +49,7 @@ class Actor:
         self.group_size, self.phases = unroll_phases(flags)
         self.episode_returns = torch.zeros(num_batches, batch_size)
         no_action = torch.zeros(batch_size, dtype=torch.int64)
-        self.futures = [envs.step(i, no_action) for i in range(num_batches)]
+        self.futures = [self._step_envs(i, no_action) for i in range(num_batches)]
         self.current = 0  # the batch to act on next
         self.stats = Stats()  # env steps and finished episodes' returns, since the last take
 
@@ -72,7 +74,7 @@ class Actor:
             outputs, core_after = self.model(inputs, self.core_states[i])
         logits = outputs["policy_logits"][0]
         action = sample_actions(logits)
-        self.futures[i] = self.envs.step(i, action.cpu())
+        self.futures[i] = self._step_envs(i, action.cpu())
         window.write("action", action)
         window.write("policy_logits", logits)
         window.write("acting_version", torch.full_like(action, model_version))
@@ -89,6 +91,24 @@ class Actor:
             for group, phase in enumerate(self.phases[i])
             if taken >= phase + T and (taken - phase) % T == 0
         ]
+
+    def ready(self):
+        """Whether the next batch's envs have stepped, so that step() would not wait for them
+        (always true without workers: moolib's own future cannot tell). While they have not,
+        raises EnvWorkerDied if a worker is gone (looked at every poll_interval at most)."""
+        future = self.futures[self.current]
+        if not isinstance(future, WatchedStep) or future.ready.is_set():
+            return True
+        self.workers.check_now_and_then()
+        return False
+
+    def _step_envs(self, i, action):
+        """Send batch i its actions; with workers, their helper thread waits for the step from
+        now on and sets `wakeup` when it is in."""
+        future = self.envs.step(i, action)
+        if self.workers is None:
+            return future
+        return self.workers.watch(future, None if self.wakeup is None else self.wakeup.set)
 
     def _unroll(self, i, group):
         # Only the group's envs: with groups, the rest of the batch is not due yet.

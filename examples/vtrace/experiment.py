@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import zlib
 
@@ -256,9 +257,12 @@ def train(flags, device, preemption=None):
     )
     where = f"{group_name(flags)} on {device} ({model.precision}); logs in {flags.localdir}"
     print(f"Peer {flags.local_name} of {where}")
-    actor = Actor(flags, envs, model, device, workers)
+    # Set when the envs of a batch have stepped or the learner thread has finished a batch: the
+    # loop's waits end then.
+    wakeup = threading.Event()
+    actor = Actor(flags, envs, model, device, workers, wakeup)
     queue = LearnerQueue(flags, device)
-    learner = AsyncLearner(flags, model)
+    learner = AsyncLearner(flags, model, wakeup)
     use_acting_threads(flags)
     start = time.monotonic()
     log = ProgressLog(flags, start)
@@ -286,14 +290,17 @@ def train(flags, device, preemption=None):
                 continue
         share_state(accumulator, state, learner)
         # Act, unless learning lags behind by more than max_queued_batches batches (with 0:
-        # unless the learner is still learning).
-        if not queue.waits_for(learner) or now - last_act >= KEEP_ENVS_ALIVE_S:
-            last_act = now
-            try:
+        # unless the learner is still learning), or the next batch's envs are still stepping:
+        # this turn then hands the learner its next batch instead of waiting for them in act().
+        envs_ready = False
+        try:
+            envs_ready = actor.ready()
+            if (envs_ready and not queue.waits_for(learner)) or now - last_act >= KEEP_ENVS_ALIVE_S:
+                last_act = now
                 act(actor, queue, log, group_stats, accumulator.model_version())
-            except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
-                fatal = f"{e}; restart this peer to resume"
-                stop.append("an env worker died")
+        except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
+            fatal = f"{e}; restart this peer to resume"
+            stop.append("an env worker died")
         try:
             if stepped := learn(flags, learner, accumulator, group, queue, state, log):
                 optimizer_stats = stepped
@@ -309,8 +316,8 @@ def train(flags, device, preemption=None):
             row = progress(state, accumulator, group, learner_stats)
             log.write(now, {**row, "time": now - start}, leader=accumulator.get_leader())
         checkpoints.update(now, state, accumulator)
-        if queue.waits_for(learner):
-            learner.wait(0.001)  # for the learner's gradients or for the group's
+        if queue.waits_for(learner) or not envs_ready:
+            learner.wait(0.001)  # for the learner's gradients, the group's or the envs' step
 
     learner.close()
     checkpoints.final(state, accumulator)

@@ -76,8 +76,9 @@ class AsyncLearner:
     than reduced.
     """
 
-    def __init__(self, flags, model):
+    def __init__(self, flags, model, wakeup=None):
         self.flags = flags
+        self.wakeup = wakeup  # an Event set when a batch's gradients are done
         self.model = model
         self.model_copy = copy.deepcopy(model)
         # The copy's tensors and the live ones, refreshed before every batch: load_state_dict's
@@ -127,6 +128,8 @@ class AsyncLearner:
         done, on the live weights of that moment."""
         entropy_weight = entropy_cost(self.flags, env_train_steps)
         future = self.thread.submit(self._gradients_on_live_weights, batch, entropy_weight)
+        if self.wakeup is not None:
+            future.add_done_callback(lambda _: self.wakeup.set())
         self.jobs.append((future, sync_id))
 
     def _gradients_on_live_weights(self, batch, entropy_weight):
@@ -136,8 +139,13 @@ class AsyncLearner:
 
     def wait(self, timeout):
         """Sleep up to `timeout` seconds, waking as soon as the oldest batch's gradients are
-        done: a plain sleep left the learner thread idle for the rest of it."""
-        if not self.jobs:
+        done (a plain sleep left the learner thread idle for the rest of it), or, given a
+        `wakeup` Event, as soon as it is set (by the learner thread or by whatever else the
+        caller waits for)."""
+        if self.wakeup is not None:
+            if self.wakeup.wait(timeout):
+                self.wakeup.clear()
+        elif not self.jobs:
             time.sleep(timeout)
         else:
             concurrent.futures.wait([self.jobs[0][0]], timeout)

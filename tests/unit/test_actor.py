@@ -4,11 +4,14 @@ the same step; with them, the actor cuts every actor batch into groups of learne
 unrolls end at different steps, and the learner's batches come evenly spaced instead of an actor
 batch's worth at once."""
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from examples.common.workers import EnvWorkerDied, EnvWorkers
 from examples.vtrace.actor import Actor, sample_actions, unroll_phases
 from tests.acting_fakes import CountingEnvs, StepCountingModel, actor_flags
 
@@ -161,3 +164,47 @@ def test_sampled_actions_follow_the_softmax_and_the_seed():
     torch.testing.assert_close(frequencies, torch.tensor([0.1, 0.6, 0.3, 0.0]), atol=0.015, rtol=0)
     torch.manual_seed(0)
     assert torch.equal(sample_actions(logits), actions)
+
+
+class GatedEnvs(CountingEnvs):
+    """CountingEnvs whose steps come in only once `gate` is set."""
+
+    def __init__(self, batch_size, num_batches):
+        super().__init__(batch_size, num_batches)
+        self.gate = threading.Event()
+
+    def step(self, i, actions):
+        future = super().step(i, actions)
+
+        def result():
+            assert self.gate.wait(10), "the test never opened the gate"
+            return future.result()
+
+        return SimpleNamespace(result=result)
+
+
+def test_actor_is_ready_when_the_next_batch_has_stepped_and_wakes_the_loop():
+    settings = actor_flags(4, 2)
+    envs = GatedEnvs(settings.actor_batch_size, settings.num_actor_batches)
+    guard = EnvWorkers(env_factory=lambda: None, num_processes=1, poll_interval=0.01)
+    wakeup = threading.Event()
+    actor = Actor(settings, envs, StepCountingModel(False), "cpu", guard, wakeup)
+    time.sleep(0.05)
+    assert not actor.ready() and not wakeup.is_set()  # the loop would learn meanwhile
+    envs.gate.set()
+    assert wakeup.wait(5)
+    assert actor.ready()
+    actor.step()
+    assert actor.ready()  # the other batch stepped too
+
+
+def test_actor_not_ready_reports_a_dead_env_worker():
+    settings = actor_flags(4, 2)
+    envs = GatedEnvs(settings.actor_batch_size, settings.num_actor_batches)  # never open
+    guard = EnvWorkers(env_factory=lambda: None, num_processes=1, poll_interval=0.01)
+    actor = Actor(settings, envs, StepCountingModel(False), "cpu", guard, threading.Event())
+    assert not actor.ready()
+    guard._dead = "env worker 0 (pid 123) was killed by SIGKILL"
+    with pytest.raises(EnvWorkerDied, match="was killed"):
+        actor.ready()
+    envs.gate.set()  # lets the helper thread's waits end

@@ -76,3 +76,12 @@ def test_create_env_registers_the_worker_once_per_process(monkeypatch):
         for sig, handler in old.items():
             signal.signal(sig, handler)
     assert guard.worker_pids() == [os.getpid()] and len(made) == 2
+
+
+def test_watch_waits_from_the_start_and_calls_back_when_the_step_is_in():
+    guard = workers.EnvWorkers(env_factory=lambda: None, num_processes=1, poll_interval=0.05)
+    woken = threading.Event()
+    step = guard.watch(FakeFuture(0.2), on_ready=woken.set)
+    assert not step.ready.is_set()
+    assert woken.wait(5) and step.ready.is_set()
+    assert guard.result(step) == {"state": 1}
