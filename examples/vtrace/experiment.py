@@ -148,6 +148,16 @@ def act(actor, queue, log, group_stats, model_version=0):
             queue.put(unroll, actor.group_size)
 
 
+def act_is_due(envs_ready, queue, learner, since_last_act):
+    """Whether to act this turn: not while learning lags behind by more than max_queued_batches
+    batches (with 0: while the learner is still learning), nor while the next batch's envs are
+    still stepping (the turn then hands the learner its next batch instead of waiting for them
+    in act()); but always after KEEP_ENVS_ALIVE_S without acting."""
+    if since_last_act >= KEEP_ENVS_ALIVE_S:
+        return True
+    return envs_ready and not queue.waits_for(learner)
+
+
 def learn(flags, learner, accumulator, group, queue, state, log):
     """Hand the learner thread's gradients to the group, step the optimizer once the group's sum
     is in, and start the learner on its next minibatch, all in this turn of the loop when the
@@ -289,13 +299,10 @@ def train(flags, device, preemption=None):
             if now - last_act < KEEP_ENVS_ALIVE_S:
                 continue
         share_state(accumulator, state, learner)
-        # Act, unless learning lags behind by more than max_queued_batches batches (with 0:
-        # unless the learner is still learning), or the next batch's envs are still stepping:
-        # this turn then hands the learner its next batch instead of waiting for them in act().
         envs_ready = False
         try:
             envs_ready = actor.ready()
-            if (envs_ready and not queue.waits_for(learner)) or now - last_act >= KEEP_ENVS_ALIVE_S:
+            if act_is_due(envs_ready, queue, learner, now - last_act):
                 last_act = now
                 act(actor, queue, log, group_stats, accumulator.model_version())
         except EnvWorkerDied as e:  # stop like on a signal, then exit non-zero
