@@ -12,18 +12,11 @@ import time
 
 import torch
 
+from bench.cpu import describe_cpu
 from bench.processes import REPO
 from examples.vtrace.models import bf16_supported
 
 MATMUL_SIZE = 2048
-
-
-def cpu_model():
-    with contextlib.suppress(OSError):
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def memory_gib():
@@ -58,7 +51,7 @@ def git_commit():
 def describe_machine():
     return {
         "platform": platform.platform(),
-        "cpu": cpu_model(),
+        **describe_cpu(),
         "cores": os.cpu_count(),
         "memory_gib": memory_gib(),
         "bf16": bf16_supported("cpu"),

@@ -2,6 +2,8 @@
 
 import json
 
+from bench.cpu import cpu_label
+
 
 def plural(n, word):
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
@@ -126,8 +128,9 @@ def markdown_table(results, rows):
     m = results["machine"]
     settings = " ".join(f"{k}={v}" for k, v in results["settings"].items())
     lines = [
-        f"Measured {results['date'][:10]} ({results['mode']} mode) on {m['platform']}, {m['cpu']}, "
-        f"{m['cores']} cores; torch {m['torch']}, moolib {m['moolib']}, commit {m['git']}. "
+        f"Measured {results['date'][:10]} ({results['mode']} mode) on {m['platform']}, "
+        f"{cpu_label(m)}, {m['cores']} cores; torch {m['torch']}, moolib {m['moolib']}, "
+        f"commit {m['git']}. "
         f"V-trace settings: `{settings}`.",
         "",
         "| measurement | value |",

@@ -32,6 +32,7 @@ import time
 import typing
 
 from bench import kept
+from bench.cpu import cpu_label, describe_cpu
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LAST_FRACTION = 0.1
@@ -320,7 +321,7 @@ def sources_lines(result):
         machine = source["machine"] or {}
         lines.append(
             f"- {game}: `{source['command']}`, {source['date']}, "
-            f"{machine.get('cpus', '?')} x {machine.get('cpu', 'unknown CPU')}, "
+            f"{machine.get('cpus', '?')} x {cpu_label(machine)}, "
             f"code at {', '.join(commits)}"
         )
     return ["Runs:", "", *lines, ""] if lines else []
@@ -442,15 +443,7 @@ def git_commit():
 
 
 def machine():
-    model = "unknown CPU"
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu": model, "python": platform.python_version()}
+    return {"cpus": os.cpu_count(), **describe_cpu(), "python": platform.python_version()}
 
 
 def parse_args(suite, argv):

@@ -4,6 +4,7 @@ and the largest group whose all-reduce costs under 10% of a step."""
 import math
 
 from bench import allreduce_model as model
+from bench.cpu import cpu_label
 
 LINK_NAMES = {
     "cpu": "no limit (CPU only)",
@@ -115,7 +116,7 @@ def markdown(results, learner_sps, batch_size, unroll_length):
     lines = [
         "# How far a moolib group scales across hosts",
         "",
-        f"Produced by `{results['command']}` on {results['date']}: {machine.get('cpu')}, "
+        f"Produced by `{results['command']}` on {results['date']}: {cpu_label(machine)}, "
         f"{machine.get('cores')} cores, Linux network namespaces, moolib "
         f"{machine.get('moolib')}, torch {machine.get('torch')} (commit {machine.get('git')}). "
         f"Took {results.get('minutes')} min; load average {results['load_average_start'][0]:.1f} "
